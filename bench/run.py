@@ -1,0 +1,14 @@
+"""Run every benchmark in bench/ (each a script with a main()), one after another."""
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+BENCHMARKS = ["eager_baseline.py"]
+
+if __name__ == "__main__":
+    here = Path(__file__).resolve().parent
+    for name in sys.argv[1:] or BENCHMARKS:
+        print(f"== {name}", flush=True)
+        runpy.run_path(str(here / name), run_name="__main__")

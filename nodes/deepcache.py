@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from .common import CATEGORY, pass_through
+
+
+class DeepCache:
+    DISPLAY_NAME = "DeepCache (Accel)"
+    CATEGORY = CATEGORY
+    DESCRIPTION = ("Reuses the deep UNet features across sampling steps. Its state is created for each sampling run "
+                   "and dropped after it, so nothing carries over between prompts.")
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "apply"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model": ("MODEL",),
+            "cache_interval": ("INT", {"default": 3, "min": 1, "max": 1000,
+                                       "tooltip": "1 = full compute every step (no caching)."}),
+            "cache_depth": ("INT", {"default": 0, "min": 0, "max": 12,
+                                    "tooltip": "Which skip branch stays live; 0 is the shallowest."}),
+            "start_percent": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01}),
+            "end_percent": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01}),
+            "schedule": (["uniform", "non-uniform"], {"default": "uniform"}),
+        }}
+
+    def apply(self, model, cache_interval, cache_depth, start_percent, end_percent, schedule):
+        return (pass_through("deepcache", self.DISPLAY_NAME, model, cache_interval=cache_interval,
+                             cache_depth=cache_depth, start_percent=start_percent, end_percent=end_percent,
+                             schedule=schedule),)

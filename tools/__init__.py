@@ -1,0 +1,1 @@
+"""Developer tooling (set-up, generated models, demo, server harness). Not loaded by ComfyUI."""

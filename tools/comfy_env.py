@@ -1,0 +1,50 @@
+"""Where the ComfyUI under test lives, and how to import it in-process.
+
+Everything (set-up, generated models, tests, demo, benchmarks) resolves ComfyUI the same way:
+`$COMFYUI_DIR` when set, else the default ComfyUI 0.3.75 that `make setup` extracts.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_COMFYUI = ROOT / ".comfyui" / "ComfyUI"
+PACK_LINK_NAME = "comfyui-accel"
+
+
+def comfyui_dir() -> Path:
+    env = os.environ.get("COMFYUI_DIR")
+    path = Path(env).expanduser().resolve() if env else DEFAULT_COMFYUI
+    if not (path / "main.py").exists():
+        raise FileNotFoundError(
+            f"No ComfyUI at {path} (no main.py). Run `make setup`, or set COMFYUI_DIR to a ComfyUI checkout.")
+    return path
+
+
+def import_comfyui(cpu: bool = True):
+    """Import ComfyUI's core in this process, as ComfyUI's own main.py would, without starting a server.
+
+    Returns the ComfyUI directory. ComfyUI reads its command-line flags at import time, so `--cpu` is set
+    on its parsed args before `comfy.model_management` is first imported.
+    """
+    path = comfyui_dir()
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+    import comfy.options  # noqa: F401  (args parsing stays off: ComfyUI parses an empty argv)
+    from comfy.cli_args import args
+
+    if "comfy.model_management" not in sys.modules:
+        args.cpu = cpu
+    # main.py imports these before nodes.py puts ComfyUI/comfy/ at the front of sys.path, after which
+    # `utils` would resolve to comfy/utils.py instead of ComfyUI's utils/ package.
+    import utils.extra_config  # noqa: F401
+    import comfy.model_management  # noqa: F401
+    return path
+
+
+def comfyui_version(path: Path | None = None) -> str:
+    path = path or comfyui_dir()
+    text = (path / "comfyui_version.py").read_text()
+    return text.split("__version__")[1].split('"')[1]

@@ -1,0 +1,91 @@
+"""The main job: a generated SD1.5 model through a workflow with the pack's nodes, on a headless ComfyUI server.
+
+Starts ComfyUI (`main.py --cpu`) with this pack in custom_nodes, submits example_workflows/accel_txt2img_api.json
+over the HTTP API twice (the second time with another seed, as a user's next prompt), and prints per-node
+timings from ComfyUI's websocket and what each Accel node did (from GET /accel/stats).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+from tools.comfy_env import comfyui_dir, comfyui_version  # noqa: E402
+from tools.comfy_server import ComfyServer, load_workflow  # noqa: E402
+
+WORKFLOW = "accel_txt2img_api.json"
+
+
+def node_timings(server: ComfyServer, graph: dict) -> tuple[dict, dict, float]:
+    """Run `graph`, timing each node from the websocket's `executing` messages."""
+    import websocket
+
+    ws = websocket.create_connection(f"ws://127.0.0.1:{server.port}/ws?clientId={server.client_id}", timeout=600)
+    try:
+        start = time.perf_counter()
+        prompt_id = server.queue_prompt(graph)
+        timings, current, since = {}, None, start
+        while True:
+            message = ws.recv()
+            if not isinstance(message, str):
+                continue  # binary preview frames
+            event = json.loads(message)
+            data = event.get("data", {})
+            if data.get("prompt_id") != prompt_id:
+                continue
+            if event["type"] in ("executing", "execution_success", "execution_error", "execution_interrupted"):
+                now = time.perf_counter()
+                if current is not None:
+                    timings[current] = timings.get(current, 0.0) + now - since
+                current, since = data.get("node"), now
+                if event["type"] == "execution_error":
+                    raise RuntimeError(f"workflow failed in node {data.get('node_id')}: {data.get('exception_message')}")
+                if event["type"] == "executing" and data.get("node") is None:
+                    break
+        total = time.perf_counter() - start
+    finally:
+        ws.close()
+    return timings, server.wait_for(prompt_id), total
+
+
+def describe(event: dict) -> str:
+    options = ", ".join(f"{k}={v}" for k, v in (event.get("options") or {}).items())
+    if event["action"] == "passed_through":
+        return f"pass-through in this version (the model runs as it is; options: {options})"
+    return f"{event['action']} ({options})"
+
+
+def main() -> None:
+    import torch
+
+    comfy = comfyui_dir()
+    print(f"ComfyUI-Accel demo: ComfyUI {comfyui_version(comfy)} at {comfy}, torch {torch.__version__}, CPU")
+    graph = load_workflow(WORKFLOW)
+    with tempfile.TemporaryDirectory(prefix="accel-demo-") as base:
+        start = time.perf_counter()
+        with ComfyServer(Path(base)) as server:
+            print(f"server started in {time.perf_counter() - start:.1f} s on {server.url} (log: {server.log_path})")
+            for run, seed in enumerate((42, 43), start=1):
+                graph["8"]["inputs"]["seed"] = seed
+                timings, entry, total = node_timings(server, graph)
+                print(f"\nrun {run} (seed {seed}): {total:.2f} s end to end")
+                for node_id, seconds in sorted(timings.items(), key=lambda kv: -kv[1]):
+                    print(f"  {seconds:7.2f} s  node {node_id:>2} {graph[node_id]['class_type']}")
+                for image in server.output_images(entry):
+                    print(f"  image: {image.name} ({image.stat().st_size} bytes)")
+            stats = server.get_json("/accel/stats")
+        print("\nwhat the pack did (GET /accel/stats):")
+        seen = set()
+        for event in stats["events"]:
+            if event["feature"] not in seen:
+                seen.add(event["feature"])
+                print(f"  {event['feature']}: {describe(event)}")
+        print(f"  counters: {json.dumps(stats['counters'])}")
+
+
+if __name__ == "__main__":
+    main()

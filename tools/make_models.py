@@ -1,0 +1,202 @@
+"""Write the project's generated models into ComfyUI's model folders, from fixed seeds.
+
+The weights are random, but architectures, file formats and key names are the real ones, and each
+file is loaded back by ComfyUI's own loaders (UNETLoader, CLIPLoader, LoraLoader, VAELoader "taesd").
+
+    python tools/make_models.py --set test   # small UNet, LoRAs, CLIP-L, TAESD (tests, demo)
+    python tools/make_models.py --set full   # full-size SD1.5 UNets A and B (benchmarks, swap tests)
+
+A file that already exists with the same generator version and seed is left as it is.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tools.comfy_env import import_comfyui  # noqa: E402
+
+GENERATOR_VERSION = "1"
+
+# ComfyUI's detection keys for SD1.5 (supported_models.SD15): 320 channels, 768 context, conv proj.
+SD15_BASE = dict(
+    use_checkpoint=False, image_size=32, in_channels=4, out_channels=4, model_channels=320,
+    use_spatial_transformer=True, legacy=False, adm_in_channels=None, use_linear_in_transformer=False,
+    context_dim=768, num_heads=8, use_temporal_attention=False, use_temporal_resblock=False,
+)
+SD15_FULL = dict(SD15_BASE, num_res_blocks=[2, 2, 2, 2], channel_mult=[1, 2, 4, 4],
+                 transformer_depth=[1, 1, 1, 1, 1, 1, 0, 0], transformer_depth_middle=1,
+                 transformer_depth_output=[1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0])
+# Two levels (so there is a down/upsample and a skip connection to cache across), attention at the
+# first level and in the middle block, like SD1.5 at a fraction of its depth (about 34 M parameters).
+SD15_SMALL = dict(SD15_BASE, num_res_blocks=[1, 1], channel_mult=[1, 1],
+                  transformer_depth=[1, 0], transformer_depth_middle=1,
+                  transformer_depth_output=[1, 1, 0, 0])
+
+# The LoRA touches the first attention block, which has the same key names and shapes in the small
+# and the full-size UNet, so one file applies cleanly to every generated UNet.
+LORA_BLOCK = "input_blocks.1.1."
+LORA_RANK = 8
+
+
+def seeded_normal(shape, std: float, seed: int, key: str):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
+    return torch.randn(shape, generator=gen, dtype=torch.float32) * std
+
+
+def fill_like_init(state_dict: dict, seed: int) -> dict:
+    """Deterministic weights with the usual init scales: 1/sqrt(fan_in) for weights, norms at 1, biases at 0."""
+    import torch
+
+    out = {}
+    for key, tensor in state_dict.items():
+        shape = tuple(tensor.shape)
+        is_norm = any(part in key for part in ("norm", "ln_", "layer_norm", "layernorm"))
+        if key.endswith("weight") and is_norm:
+            out[key] = torch.ones(shape)
+        elif key.endswith("bias") or len(shape) == 0:
+            out[key] = torch.zeros(shape)
+        elif len(shape) == 1:  # embeddings-like vectors
+            out[key] = seeded_normal(shape, 0.02, seed, key)
+        else:
+            fan_in = 1
+            for dim in shape[1:]:
+                fan_in *= dim
+            std = 0.02 if "embedding" in key else fan_in ** -0.5
+            out[key] = seeded_normal(shape, std, seed, key)
+    return out
+
+
+def sd15_unet_state_dict(unet_config: dict, seed: int) -> dict:
+    import torch
+    import comfy.supported_models
+
+    cfg = comfy.supported_models.SD15(dict(unet_config))
+    cfg.set_inference_dtype(torch.float32, None)
+    model = cfg.get_model({}, device="meta")
+    sd = model.diffusion_model.state_dict()
+    return {"model.diffusion_model." + k: v for k, v in fill_like_init(sd, seed).items()}
+
+
+def lora_state_dict(seed: int) -> dict:
+    """Kohya-format LoRA (lora_unet_<diffusers name>.lora_down/lora_up/alpha), as LoraLoader reads it."""
+    import torch
+    import comfy.utils
+
+    diffusers_to_unet = comfy.utils.unet_to_diffusers(dict(SD15_SMALL, num_heads=8, num_head_channels=-1))
+    unet_sd = sd15_unet_state_dict(SD15_SMALL, seed=0)
+    out = {}
+    for diffusers_key, unet_key in sorted(diffusers_to_unet.items()):
+        full_key = "model.diffusion_model." + unet_key
+        if not unet_key.startswith(LORA_BLOCK) or not diffusers_key.endswith(".weight"):
+            continue
+        weight = unet_sd.get(full_key)
+        if weight is None or weight.dim() != 2:  # linear layers only (attention and feed-forward)
+            continue
+        name = "lora_unet_" + diffusers_key[: -len(".weight")].replace(".", "_")
+        out_features, in_features = weight.shape
+        out[name + ".lora_down.weight"] = seeded_normal((LORA_RANK, in_features), in_features ** -0.5, seed, name + "d")
+        out[name + ".lora_up.weight"] = seeded_normal((out_features, LORA_RANK), 0.2 / LORA_RANK ** 0.5, seed, name + "u")
+        out[name + ".alpha"] = torch.tensor(float(LORA_RANK))
+    if not out:
+        raise RuntimeError("the LoRA generator matched no UNet keys; ComfyUI's key mapping changed")
+    return out
+
+
+def clip_l_state_dict(seed: int) -> dict:
+    import torch
+    import comfy.sd1_clip
+
+    clip = comfy.sd1_clip.SDClipModel(device="meta", dtype=torch.float32)
+    sd = {k: v for k, v in clip.transformer.state_dict().items() if "position_ids" not in k}
+    return fill_like_init(sd, seed)
+
+
+def taesd_state_dicts(seed: int) -> tuple[dict, dict]:
+    import torch
+    from comfy.taesd.taesd import Decoder, Encoder
+
+    with torch.device("meta"):
+        enc, dec = Encoder(4), Decoder(4)
+    return fill_like_init(enc.state_dict(), seed), fill_like_init(dec.state_dict(), seed + 1)
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    folder: str  # folder under ComfyUI's models/ (each is one of ComfyUI's registered model paths)
+    name: str
+    seed: int
+    build: Callable[[int], dict]
+    sets: tuple[str, ...]
+
+
+def taesd_part(index: int) -> Callable[[int], dict]:
+    return lambda seed: taesd_state_dicts(seed)[index]
+
+
+MODEL_FILES = [
+    ModelFile("diffusion_models", "accel-sd15-small.safetensors", 1, lambda s: sd15_unet_state_dict(SD15_SMALL, s), ("test",)),
+    ModelFile("diffusion_models", "accel-sd15-small-b.safetensors", 2, lambda s: sd15_unet_state_dict(SD15_SMALL, s), ("test",)),
+    ModelFile("loras", "accel-sd15-lora.safetensors", 11, lora_state_dict, ("test",)),
+    ModelFile("loras", "accel-sd15-lora-2.safetensors", 12, lora_state_dict, ("test",)),
+    ModelFile("clip", "accel-clip-l.safetensors", 21, clip_l_state_dict, ("test",)),
+    ModelFile("vae_approx", "taesd_encoder.safetensors", 31, taesd_part(0), ("test",)),
+    ModelFile("vae_approx", "taesd_decoder.safetensors", 31, taesd_part(1), ("test",)),
+    ModelFile("diffusion_models", "accel-sd15-a.safetensors", 101, lambda s: sd15_unet_state_dict(SD15_FULL, s), ("full",)),
+    ModelFile("diffusion_models", "accel-sd15-b.safetensors", 102, lambda s: sd15_unet_state_dict(SD15_FULL, s), ("full",)),
+]
+
+
+def is_current(path: Path, spec: ModelFile) -> bool:
+    from safetensors import safe_open
+
+    if not path.exists():
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception:
+        return False  # truncated or foreign file: write it again
+    return meta.get("accel_generator") == GENERATOR_VERSION and meta.get("accel_seed") == str(spec.seed)
+
+
+def write_model(path: Path, spec: ModelFile) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    start = time.perf_counter()
+    tensors = {k: v.to(torch.float16).contiguous() for k, v in spec.build(spec.seed).items()}
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"accel_generator": GENERATOR_VERSION, "accel_seed": str(spec.seed)})
+    tmp.replace(path)  # never leave a half-written model under the real name
+    params = sum(t.numel() for t in tensors.values())
+    print(f"[models] wrote {path} ({params / 1e6:.1f} M params, {time.perf_counter() - start:.1f} s)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Write the generated test and benchmark models.")
+    parser.add_argument("--set", default="test", choices=["test", "full", "all"])
+    args = parser.parse_args()
+    import_comfyui()
+    import folder_paths
+
+    for spec in MODEL_FILES:
+        if args.set != "all" and args.set not in spec.sets:
+            continue
+        folder = Path(folder_paths.models_dir) / spec.folder
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / spec.name
+        if is_current(path, spec):
+            continue
+        write_model(path, spec)
+
+
+if __name__ == "__main__":
+    main()

