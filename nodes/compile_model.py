@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from .common import CATEGORY, pass_through
-
-MODES = ["default", "max-autotune-no-cudagraphs", "reduce-overhead"]
-DYNAMIC = ["auto", "static", "dynamic"]
-SCOPES = ["auto", "repeated blocks", "whole model"]
+from ..accel import telemetry
+from ..accel.compile import CompileOptions, compile_model, compile_vae
+from ..accel.compile.options import CHOOSE, DYNAMIC, MODES, SCOPES
+from .common import CATEGORY, log
 
 
 class CompileModel:
@@ -19,13 +18,22 @@ class CompileModel:
     def INPUT_TYPES(cls):
         return {"required": {
             "model": ("MODEL",),
-            "mode": (MODES, {"default": "default", "tooltip": "reduce-overhead uses CUDA graphs (CUDA only)."}),
-            "dynamic": (DYNAMIC, {"default": "auto", "tooltip": "auto: static first, dynamic after a shape change."}),
-            "scope": (SCOPES, {"default": "auto", "tooltip": "repeated blocks compile once per block kind."}),
+            "mode": (list(MODES), {"default": "default", "tooltip": "reduce-overhead uses CUDA graphs (CUDA only)."}),
+            "dynamic": (list(DYNAMIC), {"default": "auto",
+                                        "tooltip": "auto: static first, dynamic after a shape change."}),
+            "scope": (list(SCOPES), {"default": "auto",
+                                     "tooltip": "auto = repeated blocks: identical blocks share one compiled graph."}),
+        }, "optional": {
+            "choose": (list(CHOOSE), {"default": "auto", "tooltip": "auto: on the first call, time compiled "
+                                      "against eager per block kind and keep the faster."}),
         }}
 
-    def apply(self, model, mode, dynamic, scope):
-        return (pass_through("compile_model", self.DISPLAY_NAME, model, mode=mode, dynamic=dynamic, scope=scope),)
+    def apply(self, model, mode, dynamic, scope, choose="auto"):
+        options = CompileOptions(mode=mode, dynamic=dynamic, scope=scope, choose=choose)
+        telemetry.record("compile_model", "applied", options={"mode": mode, "dynamic": dynamic, "scope": scope,
+                                                                "choose": choose})
+        log.info("[Accel] Compile Model: %s; compiles lazily at the first sampling step", options)
+        return (compile_model(model, options),)
 
 
 class CompileVAE:
@@ -39,8 +47,9 @@ class CompileVAE:
     def INPUT_TYPES(cls):
         return {"required": {
             "vae": ("VAE",),
-            "mode": (MODES, {"default": "default"}),
+            "mode": (list(MODES), {"default": "default"}),
         }}
 
     def apply(self, vae, mode):
-        return (pass_through("compile_vae", self.DISPLAY_NAME, vae, mode=mode),)
+        telemetry.record("compile_vae", "applied", options={"mode": mode})
+        return (compile_vae(vae, CompileOptions(mode=mode)),)

@@ -16,6 +16,8 @@ def register_routes() -> bool:
 
     @PromptServer.instance.routes.get("/accel/stats")
     async def accel_stats(request):
-        return web.json_response({"version": __version__, **telemetry.snapshot()})
+        from ..accel.compile import REGISTRY
+
+        return web.json_response({"version": __version__, **telemetry.snapshot(), "compile": REGISTRY.stats()})
 
     return True

@@ -44,10 +44,14 @@ def test_example_workflow_writes_an_image_over_http(comfy_server):
     images = comfy_server.output_images(entry)
     assert len(images) == 1
     assert_png(images[0])
-    after = comfy_server.get_json("/accel/stats")["counters"]
-    for feature in ("compile_model", "deepcache", "compile_vae"):
-        key = f"{feature}.passed_through"
-        assert after.get(key, 0) == before.get(key, 0) + 1, (feature, before, after)
+    stats = comfy_server.get_json("/accel/stats")
+    after = stats["counters"]
+    for key in ("compile_model.applied", "compile_vae.applied"):
+        assert after.get(key, 0) == before.get(key, 0) + 1, (key, before, after)
+    # The compiled-graph registry served the UNet's blocks and the VAE, each kind on a chosen path.
+    kinds = {k["kind"]: k for k in stats["compile"]["kinds"]}
+    assert any(name.startswith("ResBlock") for name in kinds) and any(".decode" in name for name in kinds)
+    assert all(k["path"] in ("compiled", "eager") for k in kinds.values())
 
 
 def test_bad_workflow_is_refused_with_node_errors(comfy_server):

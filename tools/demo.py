@@ -59,6 +59,7 @@ def describe(event: dict) -> str:
     return f"{event['action']} ({options})"
 
 
+
 def main() -> None:
     import torch
 
@@ -85,6 +86,13 @@ def main() -> None:
                 seen.add(event["feature"])
                 print(f"  {event['feature']}: {describe(event)}")
         print(f"  counters: {json.dumps(stats['counters'])}")
+        compiled = stats["compile"]
+        totals = compiled["totals"]
+        print(f"\ncompiled-graph registry: {totals['kinds']} block kinds, {totals['compiles']} compiles "
+              f"({totals['compile_seconds']:.1f} s), {totals['cache_hits']} cache hits")
+        for kind in compiled["kinds"]:
+            print(f"  {kind['kind']:<32} path={kind['path']:<8} compiles={kind['compiles']} hits={kind['cache_hits']}"
+                  f"  {kind['reason']}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,126 @@
+"""Which parts of a diffusion model are compiled, and what makes two of them the same kind.
+
+Regional compilation compiles the repeated blocks (UNet ResBlocks and SpatialTransformers, DiT blocks), so
+identical blocks share one compiled graph. A block's *kind* is its class plus the names, shapes and dtypes of its
+parameters: two blocks of one kind run the same compiled code with their own weights as graph inputs.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+# UNet blocks are nested in TimestepEmbedSequential containers, so they are found by class name; DiT blocks
+# are found as the children of an nn.ModuleList that all share one class.
+UNET_BLOCK_CLASSES = ("ResBlock", "SpatialTransformer", "VideoResBlock", "SpatialVideoTransformer")
+CONTAINER_CLASSES = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
+
+# transformer_options entries that change what a block computes. When one is present the call runs eagerly:
+# these are other nodes' patches (IPAdapter, attention replacements) that a compiled graph would bake in.
+BLOCK_PATCH_KEYS = ("attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_output_patch", "middle_patch")
+
+
+@dataclass(frozen=True)
+class BlockKind:
+    class_name: str
+    signature: str  # digest of (parameter name, shape, dtype) for every parameter and buffer
+    label: str  # short, human-readable: class and channel counts
+
+    @classmethod
+    def of(cls, module: torch.nn.Module, method: str = "forward") -> "BlockKind":
+        items = [(name, tuple(t.shape), str(t.dtype)) for name, t in
+                 list(module.named_parameters()) + list(module.named_buffers())]
+        digest = hashlib.sha1(repr(sorted(items)).encode()).hexdigest()[:12]
+        shapes = [shape for name, shape, _ in items if name.endswith("weight") and len(shape) >= 2]
+        channels = f"{shapes[0][1]}->{shapes[-1][0]}" if shapes else "-"
+        suffix = "" if method == "forward" else f".{method}"
+        return cls(type(module).__qualname__ + suffix, digest, f"{type(module).__name__}{suffix}[{channels}]")
+
+
+@dataclass
+class BlockSite:
+    path: str
+    module: torch.nn.Module
+    kind: BlockKind
+    attribute: str = "forward"  # the method that runs compiled
+    options_arg: str | None = field(default=None)  # name of its transformer_options argument, if it has one
+    whole_model: bool = False
+
+    @property
+    def forward(self):
+        return getattr(type(self.module), self.attribute)
+
+
+def _transformer_options_arg(module: torch.nn.Module, attribute: str) -> str | None:
+    params = inspect.signature(getattr(type(module), attribute)).parameters
+    return "transformer_options" if "transformer_options" in params else None
+
+
+def find_repeated_blocks(model: torch.nn.Module) -> list[BlockSite]:
+    """The outermost repeated blocks of `model`, in module order."""
+    chosen: list[tuple[str, torch.nn.Module]] = []
+    repeated_classes = set()
+    for _, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) >= 2:
+            classes = {type(child) for child in module}
+            if len(classes) == 1 and not issubclass(next(iter(classes)), CONTAINER_CLASSES):
+                repeated_classes |= classes
+    for path, module in model.named_modules():
+        if not path:
+            continue
+        if type(module).__name__ in UNET_BLOCK_CLASSES or type(module) in repeated_classes:
+            if any(path.startswith(outer + ".") for outer, _ in chosen):
+                continue  # inside a block already chosen
+            chosen.append((path, module))
+    return [BlockSite(path, module, BlockKind.of(module), "forward", _transformer_options_arg(module, "forward"))
+            for path, module in chosen]
+
+
+def whole_model_site(model: torch.nn.Module) -> BlockSite:
+    """The whole diffusion model: its `_forward`, inside ComfyUI's DIFFUSION_MODEL wrappers, so other nodes'
+    wrappers keep running eagerly around it instead of being traced into the graph."""
+    attribute = "_forward" if hasattr(type(model), "_forward") else "forward"
+    return BlockSite("", model, BlockKind.of(model), attribute, _transformer_options_arg(model, attribute), True)
+
+
+def whole_model_safe_options(transformer_options: dict) -> dict | None:
+    """Like block_safe_options, for the whole model: any patch (FreeU, input/output block patches) makes the
+    call eager, because the UNet loop itself applies them."""
+    if transformer_options.get("patches") and any(transformer_options["patches"].values()):
+        return None
+    return block_safe_options(transformer_options)
+
+
+def block_safe_options(transformer_options: dict) -> dict | None:
+    """`{}` when the real transformer_options hold nothing a block acts on, so a compiled block may get fresh
+    options of its own instead; None when the call must run eagerly (another node patched the attention).
+
+    Fresh options keep per-step and per-prompt values (sigmas, cond_or_uncond, block ids, uuids, wrappers) out
+    of the compiled graph's guards, so they never trigger recompiles.
+    """
+    if transformer_options.get("patches_replace"):
+        return None
+    if transformer_options.get("optimized_attention_override") is not None:
+        return None
+    patches = transformer_options.get("patches") or {}
+    if any(patches.get(key) for key in BLOCK_PATCH_KEYS):
+        return None
+    return {}
+
+
+def cannot_compile_reason(module: torch.nn.Module, device: torch.device) -> str | None:
+    """Why this block must run eagerly in the model's current load state, or None.
+
+    ComfyUI's partial loading (lowvram) leaves some weights on the offload device and casts them per call, and
+    its LoRA-on-lowvram path adds per-weight patch functions; compiling those would bake the offload state into
+    the graph or recompile once per weight, so such blocks run eagerly until ComfyUI loads them fully.
+    """
+    for sub in module.modules():
+        if getattr(sub, "weight_function", None) or getattr(sub, "bias_function", None):
+            return "weights patched per call (LoRA on a partially loaded model)"
+        for param in sub.parameters(recurse=False):
+            if param.device != device:
+                return f"weights on {param.device}, computing on {device} (partially loaded)"
+    return None

@@ -1,0 +1,44 @@
+"""The user's compile choices, validated once, and what they mean for torch.compile."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
+DYNAMIC = ("auto", "static", "dynamic")
+SCOPES = ("auto", "repeated blocks", "whole model")
+CHOOSE = ("auto", "always compiled")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    mode: str = "default"
+    dynamic: str = "auto"
+    scope: str = "auto"
+    # auto: time compiled against eager on the first real call of each block kind and keep the faster.
+    choose: str = "auto"
+    backend: str = "inductor"
+
+    def __post_init__(self):
+        for name, allowed in (("mode", MODES), ("dynamic", DYNAMIC), ("scope", SCOPES), ("choose", CHOOSE)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"Compile Model: {name}={value!r} is not one of {', '.join(allowed)}; "
+                                 f"pick one of those in the node.")
+
+    @property
+    def whole_model(self) -> bool:
+        return self.scope == "whole model"
+
+    def torch_compile_kwargs(self, device_type: str) -> dict:
+        """kwargs for torch.compile. CUDA graphs need CUDA, so reduce-overhead elsewhere compiles as default."""
+        mode = None if self.mode == "default" else self.mode
+        if mode == "reduce-overhead" and device_type != "cuda":
+            mode = None
+        dynamic = {"auto": None, "static": False, "dynamic": True}[self.dynamic]
+        return {"backend": self.backend, "mode": mode, "dynamic": dynamic}
+
+    def cache_key(self, device_type: str) -> tuple:
+        """What of these options changes the compiled code. `choose` does not (it picks between compiled and
+        eager), and neither does `scope` (a whole model and a block are different kinds anyway)."""
+        kwargs = self.torch_compile_kwargs(device_type)
+        return (kwargs["backend"], kwargs["mode"], kwargs["dynamic"])

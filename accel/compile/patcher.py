@@ -1,0 +1,130 @@
+"""Hooking compiled blocks into a ComfyUI ModelPatcher through its public wrapper mechanism.
+
+`compile_model` returns a clone with an APPLY_MODEL wrapper. For the duration of each apply_model call the
+wrapper gives every repeated block an instance-level `forward` that dispatches to the shared compiled entry of
+its kind, and removes it afterwards. Nothing global is patched and the model is left as it was between calls,
+so ComfyUI can load, partially load, unload and patch it (LoRA) as usual.
+
+APPLY_MODEL is outside DIFFUSION_MODEL: a DIFFUSION_MODEL wrapper that runs its own UNet loop (DeepCache)
+still calls the blocks through their module call, so it gets the compiled blocks whatever the node order.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import weakref
+
+import torch
+
+from .attention import compiled_block_options
+from .blocks import (BlockSite, block_safe_options, cannot_compile_reason, find_repeated_blocks, whole_model_safe_options,
+                     whole_model_site)
+from .options import CompileOptions
+from .registry import REGISTRY, KindEntry
+
+log = logging.getLogger("comfyui_accel")
+WRAPPER_KEY = "accel.compile_model"
+
+# Block sites are found once per diffusion model object and scope (module structure does not change).
+_sites: "weakref.WeakKeyDictionary[torch.nn.Module, dict[bool, list[BlockSite]]]" = weakref.WeakKeyDictionary()
+
+
+def compile_model(patcher, options: CompileOptions):
+    """A clone of `patcher` whose diffusion model runs compiled blocks. Compiles nothing yet."""
+    import comfy.patcher_extension
+
+    model = patcher.clone()
+    apply_model = comfy.patcher_extension.WrappersMP.APPLY_MODEL
+    model.remove_wrappers_with_key(apply_model, WRAPPER_KEY)  # compiling twice replaces, never stacks
+    model.add_wrapper_with_key(apply_model, WRAPPER_KEY, CompiledApplyModel(options))
+    return model
+
+
+class BlockDispatcher:
+    """A block's `forward` for the length of one apply_model call: runs it through its kind's entry."""
+
+    def __init__(self, site: BlockSite, entry: KindEntry, choose: str, eager_reason: str | None, progress):
+        self.site, self.entry, self.choose = site, entry, choose
+        self.eager_reason, self.progress = eager_reason, progress
+        self.signature = None
+        if site.options_arg:
+            sig = inspect.signature(site.forward)
+            self.signature = sig.replace(parameters=list(sig.parameters.values())[1:])  # without self
+
+    def __call__(self, *args, **kwargs):
+        block, entry = self.site.module, self.entry
+        if self.eager_reason:
+            return entry.run_eager(block, args, kwargs, self.eager_reason)
+        make_call = lambda: (args, kwargs)  # noqa: E731
+        if self.signature is not None:
+            bound = self.signature.bind(*args, **kwargs)
+            options = bound.arguments.get(self.site.options_arg) or {}
+            safe = whole_model_safe_options(options) if self.site.whole_model else block_safe_options(options)
+            if safe is None:
+                return entry.run_eager(block, args, kwargs, "another node patched the attention or the UNet")
+
+            def make_call():
+                bound.arguments[self.site.options_arg] = compiled_block_options()  # fresh: blocks write into it
+                return bound.args, bound.kwargs
+
+        first_compile = entry.compiles == 0
+        out = entry.run(block, make_call, args, kwargs, self.choose)
+        if first_compile and entry.compiles and self.progress is not None:
+            self.progress.update(1)
+        return out
+
+
+class CompiledApplyModel:
+    """The APPLY_MODEL wrapper. Holds only the options: all compiled state lives in the process-wide registry."""
+
+    def __init__(self, options: CompileOptions):
+        self.options = options
+
+    def __call__(self, executor, *args, **kwargs):
+        base_model = executor.class_obj
+        diffusion_model = base_model.diffusion_model
+        x = args[0] if args else kwargs["x"]
+        sites = self._sites_for(diffusion_model)
+        _settle_requires_grad(diffusion_model)
+        entries = [REGISTRY.entry(site.kind, site.forward, self.options, x.device) for site in sites]
+        REGISTRY.note_model(f"{type(base_model).__name__}@{id(base_model):x}", {e.key for e in entries})
+        progress = _progress_bar(len({e.key for e in entries if e.compiles == 0 and e.path != "eager"}))
+        # A fully loaded model (ComfyUI's model_lowvram flag unset) has every weight on the compute device, so
+        # the per-block offload check is only needed after a partial load.
+        partial = getattr(base_model, "model_lowvram", True)
+        installed = []
+        try:
+            for site, entry in zip(sites, entries):
+                reason = cannot_compile_reason(site.module, x.device) if partial else None
+                site.module.__dict__[site.attribute] = BlockDispatcher(site, entry, self.options.choose, reason, progress)
+                installed.append(site)
+            return executor(*args, **kwargs)
+        finally:
+            for site in installed:
+                site.module.__dict__.pop(site.attribute, None)
+
+    def _sites_for(self, diffusion_model: torch.nn.Module) -> list[BlockSite]:
+        by_scope = _sites.setdefault(diffusion_model, {})
+        whole = self.options.whole_model
+        if whole not in by_scope:
+            by_scope[whole] = [whole_model_site(diffusion_model)] if whole else find_repeated_blocks(diffusion_model)
+            log.info("[Accel] Compile Model: %d blocks of %d kinds in %s", len(by_scope[whole]),
+                     len({s.kind for s in by_scope[whole]}), type(diffusion_model).__name__)
+        return by_scope[whole]
+
+
+def _settle_requires_grad(diffusion_model: torch.nn.Module) -> None:
+    # ComfyUI 0.3.75 leaves requires_grad=True on the UNet's parameters while its weight patches (LoRA,
+    # Swap Weights) create requires_grad=False ones; compiled graphs guard on that flag, so the first patch
+    # would recompile every block. Inference never needs gradients; newer ComfyUI sets this itself.
+    if any(p.requires_grad for p in diffusion_model.parameters()):
+        diffusion_model.requires_grad_(False)
+
+
+def _progress_bar(pending: int):
+    """ComfyUI's progress bar over the block kinds still to compile, when some are (none when warm)."""
+    if not pending:
+        return None
+    import comfy.utils
+
+    return comfy.utils.ProgressBar(pending)

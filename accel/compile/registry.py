@@ -1,0 +1,226 @@
+"""Process-wide registry of compiled block kinds: one compiled entry point per kind, shared by every model.
+
+The key is what determines the compiled code: the block's class and parameter signature, the device kind and
+capability, torch's version and the compile options. ModelPatcher clones, re-executions of the node and a
+second model of the same architecture therefore find the same entry and compile nothing new; the weights are
+graph inputs, never baked in.
+
+Each kind gets its own entry function with its own code object: Dynamo keeps its compiled-code cache and its
+automatic-dynamic-shape state per code object, so kinds never evict each other or share a recompile limit.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import types
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+
+from .blocks import BlockKind
+from .options import CompileOptions
+
+log = logging.getLogger("comfyui_accel")
+TIMING_REPEATS = 3
+# Keep compiled only when it is faster by this margin, so timing noise cannot make us slower than eager.
+FASTER_MARGIN = 0.98
+
+
+def device_signature(device: torch.device) -> tuple:
+    if device.type == "cuda":
+        return ("cuda", torch.cuda.get_device_capability(device))
+    return (device.type, None)
+
+
+def _entry_point(forward: Callable, name: str) -> Callable:
+    """A function that calls `forward(block, ...)`, with a code object of its own named `name`."""
+    def block_entry(block, *args, **kwargs):
+        return forward(block, *args, **kwargs)
+
+    code = block_entry.__code__.replace(co_name=name)
+    if hasattr(code, "co_qualname"):
+        code = code.replace(co_qualname=name)
+    return types.FunctionType(code, block_entry.__globals__, name, None, block_entry.__closure__)
+
+
+def _dynamo_frames() -> int:
+    from torch._dynamo.utils import counters  # lazily: importing the pack must not pull in Dynamo
+
+    return counters["frames"]["ok"]
+
+
+class KindEntry:
+    """One block kind: its lazily compiled entry point, the path chosen for it, and its statistics."""
+
+    def __init__(self, key: tuple, kind: BlockKind, forward: Callable, options: CompileOptions, device_type: str):
+        self.key = key
+        self.kind = kind
+        self.options = options
+        self.name = f"accel_{kind.class_name.replace('.', '_')}_{kind.signature}"
+        self.compiled = torch.compile(_entry_point(forward, self.name), **options.torch_compile_kwargs(device_type))
+        self.forward = forward
+        self.failure: str | None = None  # set when compiling or a first compiled run failed: eager for good
+        # What timing chose for callers in choose="auto" mode: None until timed, then "compiled" or "eager".
+        self.auto_path: str | None = None
+        self.reason = ""
+        self.compiles = 0
+        self.compile_seconds = 0.0
+        self.cache_hits = 0
+        self.eager_calls: Counter[str] = Counter()
+        self.recompile_reasons: list[str] = []
+        self.timings: dict[str, float] = {}
+        # dynamic="auto": the first input shapes compile static; once another shape is seen, inputs are marked
+        # dynamic (batch, and the first input's spatial dims) so that one more compile covers every later shape.
+        self.first_shapes: tuple | None = None
+        self.mark_dynamic = False
+
+    # -- calls -----------------------------------------------------------------------------------
+    def run_eager(self, block, args: tuple, kwargs: dict, reason: str):
+        self.eager_calls[reason] += 1
+        return self.forward(block, *args, **kwargs)
+
+    @property
+    def path(self) -> str:
+        if self.failure:
+            return "eager"
+        return self.auto_path or "compiled"
+
+    def run(self, block, make_call: Callable[[], tuple[tuple, dict]], args: tuple, kwargs: dict, choose: str):
+        """Run `block` compiled when its kind runs compiled. `make_call` builds fresh (args, kwargs) for a
+        compiled call; `args`/`kwargs` are the caller's own, for the eager path."""
+        if self.failure or (choose == "auto" and self.auto_path == "eager"):
+            return self.run_eager(block, args, kwargs, self.reason)
+        frames = _dynamo_frames()
+        start = time.perf_counter()
+        try:
+            call_args, call_kwargs = make_call()
+            self._mark_shapes(call_args, call_kwargs)
+            out = self.compiled(block, *call_args, **call_kwargs)
+        except (torch.OutOfMemoryError, KeyboardInterrupt):
+            raise
+        except Exception as err:  # a failed compile or first run costs this kind its compiled path, not the prompt
+            self._fall_back(f"{type(err).__name__}: {err}".splitlines()[0][:300])
+            return self.run_eager(block, args, kwargs, self.reason)
+        new_frames = _dynamo_frames() - frames
+        if new_frames:
+            self._note_compile(new_frames, time.perf_counter() - start, args, kwargs)
+        else:
+            self.cache_hits += 1
+        if choose == "auto" and self.auto_path is None:
+            self._choose_path(block, make_call, args, kwargs)
+        return out
+
+    def _mark_shapes(self, args: tuple, kwargs: dict) -> None:
+        if self.options.dynamic != "auto":
+            return
+        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        shapes = tuple(tuple(t.shape) for t in tensors)
+        if self.first_shapes is None:
+            self.first_shapes = shapes
+        elif shapes != self.first_shapes:
+            self.mark_dynamic = True
+        if self.mark_dynamic and tensors:
+            from torch._dynamo import maybe_mark_dynamic  # a hint: a dim Dynamo must specialise stays static
+
+            for tensor in tensors:
+                if tensor.dim():
+                    maybe_mark_dynamic(tensor, 0)
+            for dim in range(2, tensors[0].dim()):
+                maybe_mark_dynamic(tensors[0], dim)
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def _note_compile(self, frames: int, seconds: float, args: tuple, kwargs: dict) -> None:
+        if self.compiles:
+            self.recompile_reasons.append(self._last_guard_failure())
+        self.compiles += frames
+        self.compile_seconds += seconds
+        shapes = [tuple(a.shape) for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        log.info("[Accel] compiled %s for input %s in %.1f s%s", self.kind.label, shapes[0] if shapes else "?",
+                 seconds, f" (recompile: {self.recompile_reasons[-1]})" if self.compiles > frames else "")
+
+    def _last_guard_failure(self) -> str:
+        from torch._dynamo.utils import guard_failures
+
+        for code, reasons in guard_failures.items():
+            if getattr(code, "co_name", None) == self.name and reasons:
+                return str(reasons[-1]).split("\n")[0][:300]  # the latest failure, first line
+        return "new shape or state"
+
+    def _fall_back(self, why: str) -> None:
+        self.failure = self.reason = f"compile failed: {why}"
+        log.warning("[Accel] Compile Model: %s runs eagerly because compiling it failed (%s). The output is "
+                    "unaffected. Set the node's scope to a smaller region or report this with the log.",
+                    self.kind.label, why)
+
+    def _choose_path(self, block, make_call, args: tuple, kwargs: dict) -> None:
+        def best_of(fn) -> float:
+            times = []
+            for _ in range(TIMING_REPEATS):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            return min(times)
+
+        def compiled_once():
+            call_args, call_kwargs = make_call()
+            self._mark_shapes(call_args, call_kwargs)
+            self.compiled(block, *call_args, **call_kwargs)
+
+        with torch.no_grad():
+            compiled_s = best_of(compiled_once)
+            eager_s = best_of(lambda: self.forward(block, *args, **kwargs))
+        self.timings = {"compiled_s": compiled_s, "eager_s": eager_s}
+        self.auto_path = "compiled" if compiled_s < eager_s * FASTER_MARGIN else "eager"
+        self.reason = f"compiled {compiled_s * 1e3:.2f} ms vs eager {eager_s * 1e3:.2f} ms per call"
+        log.info("[Accel] %s: keeping the %s path (%s)", self.kind.label, self.path, self.reason)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.label, "entry": self.name, "path": self.path, "timed": self.auto_path is not None,
+            "reason": self.reason,
+            "compiles": self.compiles, "recompiles": max(0, self.compiles - 1) if self.compiles else 0,
+            "recompile_reasons": list(self.recompile_reasons), "compile_seconds": round(self.compile_seconds, 3),
+            "cache_hits": self.cache_hits, "eager_calls": dict(self.eager_calls), "timings": self.timings,
+        }
+
+
+class GraphRegistry:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._entries: dict[tuple, KindEntry] = {}
+        self._models: dict[str, set[tuple]] = {}
+
+    def entry(self, kind: BlockKind, forward: Callable, options: CompileOptions, device: torch.device) -> KindEntry:
+        key = (kind.class_name, kind.signature, device_signature(device), torch.__version__,
+               options.cache_key(device.type))
+        with self._lock:
+            found = self._entries.get(key)
+            if found is None:
+                found = self._entries[key] = KindEntry(key, kind, forward, options, device.type)
+            return found
+
+    def note_model(self, model_label: str, keys: set[tuple]) -> None:
+        with self._lock:
+            self._models.setdefault(model_label, set()).update(keys)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            entries = list(self._entries.values())
+            models = {label: sorted(self._entries[k].name for k in keys) for label, keys in self._models.items()}
+        kinds = [e.stats() for e in entries]
+        return {
+            "kinds": kinds,
+            "models": models,
+            "totals": {
+                "kinds": len(kinds),
+                "compiles": sum(k["compiles"] for k in kinds),
+                "recompiles": sum(k["recompiles"] for k in kinds),
+                "cache_hits": sum(k["cache_hits"] for k in kinds),
+                "compile_seconds": round(sum(k["compile_seconds"] for k in kinds), 3),
+            },
+        }
+
+
+REGISTRY = GraphRegistry()

@@ -1,0 +1,49 @@
+"""Shared helpers for the compile tests: sampling and direct model calls through ComfyUI's real code paths."""
+from __future__ import annotations
+
+import torch
+
+SMALL = "accel-sd15-small.safetensors"
+SMALL_B = "accel-sd15-small-b.safetensors"
+
+
+def dynamo_frames() -> int:
+    """Dynamo's own count of compiled frames (compiles and recompiles) in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["ok"]
+
+
+def conds(seed: int = 0):
+    context = torch.randn(1, 77, 768, generator=torch.Generator().manual_seed(seed))
+    return [[context, {}]], [[torch.zeros_like(context), {}]]
+
+
+def sample(model, size: int = 16, batch: int = 1, steps: int = 3, seed: int = 0, cfg: float = 5.0):
+    """ComfyUI's own sampling entry point (what KSampler calls), euler, cond+uncond batched by ComfyUI."""
+    import comfy.sample
+
+    latent = torch.zeros(batch, 4, size, size)
+    noise = comfy.sample.prepare_noise(latent, seed)
+    positive, negative = conds(seed)
+    return comfy.sample.sample(model, noise, steps, cfg, "euler", "normal", positive, negative, latent,
+                               disable_pbar=True, seed=seed)
+
+
+def apply_model(patcher, size: int = 16, batch: int = 2, seed: int = 0):
+    """One call of BaseModel.apply_model with the patcher's wrappers, as ComfyUI's sampler makes it, on the
+    model in whatever load state the test put it in (the sampler would reload it fully first)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 4, size, size, generator=generator)
+    sigma = torch.full((batch,), 2.0)
+    context = torch.randn(batch, 77, 768, generator=generator)
+    options = dict(patcher.model_options["transformer_options"])
+    options["wrappers"] = patcher.wrappers
+    with torch.no_grad():
+        return patcher.model.apply_model(x, sigma, c_crossattn=context, transformer_options=options)
+
+
+def assert_close_to_eager(actual, expected, what: str) -> None:
+    # Compiled float32 kernels reassociate sums: differences of ~1e-4 on values up to ~300 are expected.
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=1e-3, atol=2e-5 * max(scale, 1.0), msg=what)

@@ -1,0 +1,207 @@
+"""Compile Model on the real ComfyUI: outputs equal eager, compiled graphs are shared, offload states and shape
+changes do not recompile beyond their first sight, other nodes' wrappers and patches cause no per-step recompile.
+
+Compiles are counted with Dynamo's own counter (counters["frames"]["ok"]); all tests share one process, so
+each measures the change over what it does.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compile_helpers import SMALL, SMALL_B, apply_model, assert_close_to_eager, dynamo_frames, sample
+
+
+@pytest.fixture(scope="module")
+def engine(accel_pack):
+    return accel_pack.accel.compile
+
+
+@pytest.fixture(scope="module")
+def comfy_nodes(comfy_dir):
+    import nodes
+
+    return nodes
+
+
+def load(comfy_nodes, name=SMALL):
+    (model,) = comfy_nodes.UNETLoader().load_unet(name, "default")
+    return model
+
+
+@pytest.fixture(scope="module")
+def compiled_small(engine, comfy_nodes):
+    """The small model compiled (always the compiled path) and sampled once, with its eager reference."""
+    model = load(comfy_nodes)
+    eager = sample(model)
+    compiled = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
+    frames = dynamo_frames()
+    out = sample(compiled)
+    return {"model": model, "compiled": compiled, "eager": eager, "out": out, "first_frames": dynamo_frames() - frames}
+
+
+def test_compiled_sampling_equals_eager(compiled_small, engine):
+    assert compiled_small["first_frames"] > 0, "the first compiled run compiled nothing: blocks ran eagerly"
+    assert_close_to_eager(compiled_small["out"], compiled_small["eager"], "compiled vs eager sampling")
+    stats = engine.REGISTRY.stats()
+    kinds = {k["kind"]: k for k in stats["kinds"]}
+    assert {"ResBlock[320->320]", "SpatialTransformer[320->320]", "ResBlock[640->320]"} <= set(kinds)
+    assert all(k["cache_hits"] > 0 for k in kinds.values() if k["kind"].startswith(("ResBlock", "Spatial")))
+
+
+def test_node_input_model_is_untouched(compiled_small):
+    import comfy.patcher_extension
+
+    key = comfy.patcher_extension.WrappersMP.APPLY_MODEL
+    assert compiled_small["model"].get_wrappers(key, "accel.compile_model") == []
+    assert compiled_small["compiled"].get_wrappers(key, "accel.compile_model")
+    # between calls no block keeps the compiled forward: ComfyUI sees its model exactly as it loaded it
+    unet = compiled_small["model"].model.diffusion_model
+    assert not [m for m in unet.modules() if "forward" in m.__dict__]
+
+
+def test_clones_reruns_and_second_model_compile_nothing(compiled_small, engine, comfy_nodes):
+    frames = dynamo_frames()
+    assert_close_to_eager(sample(compiled_small["compiled"].clone()), compiled_small["eager"], "clone")
+    recompiled = engine.compile_model(compiled_small["model"], engine.CompileOptions(choose="always compiled"))
+    assert_close_to_eager(sample(recompiled), compiled_small["eager"], "node executed again")
+    other = load(comfy_nodes, SMALL_B)
+    other_eager = sample(other)
+    other_out = sample(engine.compile_model(other, engine.CompileOptions(choose="always compiled")))
+    assert dynamo_frames() == frames, "a clone, a re-execution or a second model of the same architecture compiled"
+    assert_close_to_eager(other_out, other_eager, "second model: its own weights, not baked-in ones")
+
+
+def test_offload_cycle_correct_and_second_cycle_compiles_nothing(compiled_small, comfy_nodes):
+    import comfy.model_management as mm
+
+    patcher = compiled_small["compiled"]
+    eager_patcher = compiled_small["model"]
+    load_device, offload_device = patcher.load_device, patcher.offload_device
+    half = patcher.model_size() // 2
+
+    def full():
+        patcher.unpatch_model(offload_device)
+        patcher.patch_model(device_to=load_device)
+
+    def partial():
+        patcher.unpatch_model(offload_device)
+        patcher.patch_model(device_to=load_device, lowvram_model_memory=half)
+        casts = [m for m in patcher.model.diffusion_model.modules() if getattr(m, "comfy_cast_weights", False)]
+        assert casts, "the partial load left no module casting its weights per call"
+
+    def unloaded():
+        patcher.unpatch_model(offload_device)
+
+    def reloaded():
+        patcher.patch_model(device_to=load_device)
+
+    eager_patcher.patch_model(device_to=load_device)
+    reference = apply_model(eager_patcher)
+    eager_patcher.unpatch_model(offload_device)
+    states = [("full", full), ("partial", partial), ("full", full), ("unloaded", unloaded), ("reloaded", reloaded)]
+    frames_per_cycle = []
+    for cycle in range(2):
+        frames = dynamo_frames()
+        for name, enter in states:
+            enter()
+            assert_close_to_eager(apply_model(patcher), reference, f"cycle {cycle}, state {name}")
+        frames_per_cycle.append(dynamo_frames() - frames)
+    patcher.unpatch_model(offload_device)
+    mm.soft_empty_cache()
+    assert frames_per_cycle[1] == 0, f"compiles per cycle: {frames_per_cycle}"
+
+
+def test_resolution_and_batch_sweep_bounded_then_free(compiled_small, engine):
+    patcher = compiled_small["compiled"]
+    sizes, batches = (8, 24, 32, 40, 48), (2, 4)
+    passes = []
+    for _ in range(2):
+        frames = dynamo_frames()
+        for size in sizes:
+            for batch in batches:
+                apply_model(patcher, size=size, batch=batch)
+        passes.append(dynamo_frames() - frames)
+    kinds = [k for k in engine.REGISTRY.stats()["kinds"] if k["kind"].startswith(("ResBlock", "Spatial"))]
+    assert passes[0] <= len(kinds), (f"first pass compiled {passes[0]} times for {len(kinds)} block kinds: "
+                                     f"{[(k['kind'], k['recompile_reasons']) for k in kinds]}")
+    assert passes[1] == 0, f"the repeated sweep compiled {passes[1]} times"
+    import torch._dynamo.config
+
+    limit = torch._dynamo.config.recompile_limit
+    assert all(k["compiles"] < limit for k in kinds), [(k["kind"], k["compiles"]) for k in kinds]
+
+
+def with_counting_wrapper_and_freeu(model, calls: dict):
+    """`model` plus what other nodes add: a DIFFUSION_MODEL wrapper with per-step state, and FreeU's patch."""
+    import comfy.patcher_extension
+    from comfy_extras.nodes_freelunch import FreeU_V2
+
+    def counting_wrapper(executor, *args, **kwargs):
+        calls["n"] += 1  # state that changes every step: must never become a guard of compiled code
+        return executor(*args, **kwargs)
+
+    model = model.clone()
+    model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test.count", counting_wrapper)
+    if hasattr(FreeU_V2, "patch"):  # ComfyUI 0.3.75: V1 node
+        (model,) = FreeU_V2().patch(model, 1.3, 1.4, 0.9, 0.2)
+    else:  # newer ComfyUI: V3 node
+        model = FreeU_V2.execute(model, 1.3, 1.4, 0.9, 0.2).result[0]
+    assert model.model_options["transformer_options"]["patches"]["output_block_patch"]
+    return model
+
+
+def test_other_nodes_wrapper_and_freeu_cause_no_per_step_recompile(compiled_small):
+    calls = {"n": 0}
+    model = with_counting_wrapper_and_freeu(compiled_small["compiled"], calls)
+    eager = with_counting_wrapper_and_freeu(compiled_small["model"], {"n": 0})
+    sample(model, steps=2, seed=1)
+    frames = dynamo_frames()
+    calls["n"] = 0
+    out = sample(model, steps=4, seed=2)
+    assert calls["n"] == 4, "the other node's wrapper did not run on every step"
+    assert dynamo_frames() == frames, "steps or prompts recompiled with another node's wrapper and FreeU"
+    assert_close_to_eager(out, sample(eager, steps=4, seed=2), "compiled with wrapper+FreeU vs eager")
+
+
+def test_attention_patch_runs_those_blocks_eagerly_and_correctly(compiled_small, engine):
+    def attn2_patch(q, context_attn2, value_attn2, extra_options):
+        return q * 1.01, context_attn2, value_attn2
+
+    model = compiled_small["compiled"].clone()
+    model.set_model_attn2_patch(attn2_patch)
+    eager = compiled_small["model"].clone()
+    eager.set_model_attn2_patch(attn2_patch)
+    out = sample(model, steps=2, seed=3)
+    assert_close_to_eager(out, sample(eager, steps=2, seed=3), "attention-patched blocks")
+    reasons = [r for k in engine.REGISTRY.stats()["kinds"] for r in k["eager_calls"]]
+    assert any("patched the attention" in r for r in reasons)
+
+
+def test_auto_mode_keeps_a_path_per_kind_and_stays_correct(engine, comfy_nodes, compiled_small):
+    model = engine.compile_model(compiled_small["model"], engine.CompileOptions())  # choose="auto"
+    assert_close_to_eager(sample(model), compiled_small["eager"], "auto mode")
+    auto_kinds = [k for k in engine.REGISTRY.stats()["kinds"] if k["timed"] and "ms vs eager" in k["reason"]]
+    assert auto_kinds, "auto mode timed no block kind"
+    assert all(k["timings"]["compiled_s"] > 0 and k["timings"]["eager_s"] > 0 for k in auto_kinds)
+
+
+def test_compile_vae_equals_eager_and_input_untouched(engine, comfy_nodes):
+    (vae,) = comfy_nodes.VAELoader().load_vae("taesd")
+    latent = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    eager = vae.decode(latent)
+    compiled = engine.compile_vae(vae, engine.CompileOptions(choose="always compiled"))
+    frames = dynamo_frames()
+    out = compiled.decode(latent)
+    assert dynamo_frames() > frames, "Compile VAE compiled nothing"
+    assert_close_to_eager(out, eager, "compiled VAE decode")
+    assert compiled.patcher is not vae.patcher and not vae.patcher.object_patches
+    frames = dynamo_frames()
+    compiled.decode(latent)
+    assert dynamo_frames() == frames
+    assert_close_to_eager(vae.decode(latent), eager, "the input VAE still decodes eagerly and the same")
+
+
+def test_bad_option_names_the_problem_and_the_choices(engine):
+    with pytest.raises(ValueError, match=r"mode='fast' is not one of default, max-autotune-no-cudagraphs"):
+        engine.CompileOptions(mode="fast")
