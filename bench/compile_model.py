@@ -1,0 +1,136 @@
+"""Compile Model against eager and ComfyUI's own TorchCompileModel node, side by side in one run.
+
+Full-size SD1.5 UNet (accel-sd15-a), 32x32 latent, cfg (cond+uncond batched: UNet batch 2), euler. Each
+variant runs in a fresh process with an empty inductor cache of its own (a true cold start) and reports:
+cold first-sampling latency, steady seconds per step (median over a second run), peak RSS, and Dynamo
+compiles over a 3-size sweep after the first run.
+
+    .venv/bin/python bench/compile_model.py [--steps 6] [--variants eager,core,accel]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+
+SWEEP_SIZES = (24, 40, 48)
+
+
+def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
+    """Inside the variant's own process."""
+    import asyncio
+
+    from tools.comfy_env import import_comfyui
+
+    comfy_dir = import_comfyui(cpu=True)
+    import comfy.sample
+    import nodes
+    import torch
+    from torch._dynamo.utils import counters
+
+    (model,) = nodes.UNETLoader().load_unet(model_name, "default")
+    if variant == "core":
+        from comfy_extras.nodes_torch_compile import TorchCompileModel
+
+        model = TorchCompileModel.execute(model, "inductor").result[0]
+    elif variant.startswith("accel"):
+        pack_dir = str(comfy_dir / "custom_nodes" / "comfyui-accel")
+        assert asyncio.run(nodes.load_custom_node(pack_dir))
+        engine = sys.modules[pack_dir.replace(".", "_x_") + ".accel.compile"]
+        choose = "always compiled" if variant == "accel-compiled" else "auto"
+        model = engine.compile_model(model, engine.CompileOptions(choose=choose))
+
+    context = torch.randn(1, 77, 768, generator=torch.Generator().manual_seed(0))
+
+    def sample(size: int, n_steps: int) -> list[float]:
+        stamps = [time.perf_counter()]
+        latent_image = torch.zeros(1, 4, size, size)
+        noise = comfy.sample.prepare_noise(latent_image, 0)
+        comfy.sample.sample(model, noise, n_steps, 7.0, "euler", "normal", [[context, {}]],
+                            [[torch.zeros_like(context), {}]], latent_image, disable_pbar=True, seed=0,
+                            callback=lambda *a: stamps.append(time.perf_counter()))
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+
+    start = time.perf_counter()
+    sample(latent, steps)
+    cold = time.perf_counter() - start
+    first_frames = counters["frames"]["ok"]
+    steady = statistics.median(sample(latent, steps)[1:])
+    frames = counters["frames"]["ok"]
+    for size in SWEEP_SIZES:
+        sample(size, 2)
+    result = {
+        "variant": variant, "cold_first_sample_s": cold, "steady_s_per_step": steady,
+        "compiles_first_run": first_frames, "compiles_in_sweep": counters["frames"]["ok"] - frames,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    if variant.startswith("accel"):
+        result["accel_paths"] = {k["kind"]: k["path"] for k in engine.REGISTRY.stats()["kinds"]}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="accel-sd15-a.safetensors")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--latent", type=int, default=32)
+    parser.add_argument("--variants", default="eager,core,accel,accel-compiled")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(run_variant(args.child, args.model, args.steps, args.latent)), flush=True)
+        return
+
+    import torch
+
+    from tools.comfy_env import comfyui_version
+
+    results = []
+    for variant in args.variants.split(","):
+        with tempfile.TemporaryDirectory(prefix="accel-bench-inductor-") as cache:
+            # Each variant gets an empty inductor cache of its own, so "cold" means cold for every variant.
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+            proc = subprocess.run([sys.executable, __file__, "--child", variant, "--model", args.model,
+                                   "--steps", str(args.steps), "--latent", str(args.latent)],
+                                  capture_output=True, text=True, env=env)
+        line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+        if proc.returncode or not line:
+            raise SystemExit(f"{variant} failed:\n{proc.stderr[-4000:]}")
+        results.append(json.loads(line[0][len("RESULT "):]))
+        print(json.dumps(results[-1]), flush=True)
+
+    by = {r["variant"]: r for r in results}
+    report = {
+        "benchmark": "compile_model", "model": args.model, "latent": args.latent, "cfg_batch": 2,
+        "steps": args.steps, "sweep_sizes": SWEEP_SIZES, "results": results,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU", "torch": torch.__version__,
+        "comfyui": comfyui_version(), "python": platform.python_version(),
+    }
+    if {"core", "accel", "eager"} <= set(by):
+        accel, core, eager = by["accel"], by["core"], by["eager"]
+        report["ratios"] = {
+            "cold_compile_vs_core": (accel["cold_first_sample_s"] - eager["cold_first_sample_s"]) /
+                                    max(core["cold_first_sample_s"] - eager["cold_first_sample_s"], 1e-9),
+            "steady_speed_vs_faster_of_eager_and_core":
+                min(eager["steady_s_per_step"], core["steady_s_per_step"]) / accel["steady_s_per_step"],
+            "peak_rss_vs_eager": accel["peak_rss_mib"] / eager["peak_rss_mib"],
+        }
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compile_model.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report.get("ratios", {}), indent=2))
+
+
+if __name__ == "__main__":
+    main()
