@@ -205,3 +205,14 @@ def test_compile_vae_equals_eager_and_input_untouched(engine, comfy_nodes):
 def test_bad_option_names_the_problem_and_the_choices(engine):
     with pytest.raises(ValueError, match=r"mode='fast' is not one of default, max-autotune-no-cudagraphs"):
         engine.CompileOptions(mode="fast")
+
+
+def test_whole_model_scope_equals_eager_and_reruns_free(engine, compiled_small):
+    model = engine.compile_model(compiled_small["model"],
+                                 engine.CompileOptions(scope="whole model", choose="always compiled"))
+    assert_close_to_eager(sample(model), compiled_small["eager"], "whole-model compile")
+    frames = dynamo_frames()
+    assert_close_to_eager(sample(model.clone()), compiled_small["eager"], "whole-model compile, clone")
+    assert dynamo_frames() == frames
+    whole = [k for k in engine.REGISTRY.stats()["kinds"] if k["kind"].startswith("UNetModel")]
+    assert whole and whole[0]["compiles"] >= 1 and whole[0]["cache_hits"] >= 3
