@@ -6,6 +6,7 @@ parameters: two blocks of one kind run the same compiled code with their own wei
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 from dataclasses import dataclass, field
@@ -51,6 +52,14 @@ class BlockSite:
     @property
     def forward(self):
         return getattr(type(self.module), self.attribute)
+
+    @functools.cached_property
+    def call_signature(self) -> inspect.Signature | None:
+        """The forward's signature without `self`, to find its transformer_options argument in a call."""
+        if not self.options_arg:
+            return None
+        sig = inspect.signature(self.forward)
+        return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 
 def _transformer_options_arg(module: torch.nn.Module, attribute: str) -> str | None:

@@ -30,10 +30,8 @@ class CompileOptions:
         return self.scope == "whole model"
 
     def torch_compile_kwargs(self, device_type: str) -> dict:
-        """kwargs for torch.compile. CUDA graphs need CUDA, so reduce-overhead elsewhere compiles as default."""
+        """kwargs for torch.compile (the hardware policy has already turned modes this device lacks into default)."""
         mode = None if self.mode == "default" else self.mode
-        if mode == "reduce-overhead" and device_type != "cuda":
-            mode = None
         dynamic = {"auto": None, "static": False, "dynamic": True}[self.dynamic]
         return {"backend": self.backend, "mode": mode, "dynamic": dynamic}
 

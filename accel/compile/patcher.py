@@ -10,7 +10,6 @@ still calls the blocks through their module call, so it gets the compiled blocks
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import weakref
 
@@ -20,6 +19,7 @@ from .attention import compiled_block_options
 from .blocks import (BlockSite, block_safe_options, cannot_compile_reason, find_repeated_blocks, whole_model_safe_options,
                      whole_model_site)
 from .options import CompileOptions
+from .policy import device_policy, effective_options, warn_once
 from .registry import REGISTRY, KindEntry
 
 log = logging.getLogger("comfyui_accel")
@@ -43,28 +43,26 @@ def compile_model(patcher, options: CompileOptions):
 class BlockDispatcher:
     """A block's `forward` for the length of one apply_model call: runs it through its kind's entry."""
 
-    def __init__(self, site: BlockSite, entry: KindEntry, choose: str, eager_reason: str | None, progress):
-        self.site, self.entry, self.choose = site, entry, choose
+    def __init__(self, site: BlockSite, entry: KindEntry, options: CompileOptions, allow_sdpa: bool,
+                 eager_reason: str | None, progress):
+        self.site, self.entry, self.choose, self.allow_sdpa = site, entry, options.choose, allow_sdpa
         self.eager_reason, self.progress = eager_reason, progress
-        self.signature = None
-        if site.options_arg:
-            sig = inspect.signature(site.forward)
-            self.signature = sig.replace(parameters=list(sig.parameters.values())[1:])  # without self
 
     def __call__(self, *args, **kwargs):
         block, entry = self.site.module, self.entry
         if self.eager_reason:
             return entry.run_eager(block, args, kwargs, self.eager_reason)
         make_call = lambda: (args, kwargs)  # noqa: E731
-        if self.signature is not None:
-            bound = self.signature.bind(*args, **kwargs)
+        if self.site.call_signature is not None:
+            bound = self.site.call_signature.bind(*args, **kwargs)
             options = bound.arguments.get(self.site.options_arg) or {}
             safe = whole_model_safe_options(options) if self.site.whole_model else block_safe_options(options)
             if safe is None:
                 return entry.run_eager(block, args, kwargs, "another node patched the attention or the UNet")
 
             def make_call():
-                bound.arguments[self.site.options_arg] = compiled_block_options()  # fresh: blocks write into it
+                # fresh each call: blocks write into their transformer_options
+                bound.arguments[self.site.options_arg] = compiled_block_options(self.allow_sdpa)
                 return bound.args, bound.kwargs
 
         first_compile = entry.compiles == 0
@@ -84,9 +82,15 @@ class CompiledApplyModel:
         base_model = executor.class_obj
         diffusion_model = base_model.diffusion_model
         x = args[0] if args else kwargs["x"]
+        policy = device_policy(x.device)
+        if not policy.allows("compile"):
+            warn_once(x.device, "compile", f"the model runs eagerly: {policy.explain('compile')}")
+            return executor(*args, **kwargs)
+        options = effective_options(self.options, policy, x.device)
+        allow_sdpa = policy.allows("sdpa_in_compiled_blocks")
         sites = self._sites_for(diffusion_model)
         _settle_requires_grad(diffusion_model)
-        entries = [REGISTRY.entry(site.kind, site.forward, self.options, x.device) for site in sites]
+        entries = [REGISTRY.entry(site.kind, site.forward, options, x.device) for site in sites]
         REGISTRY.note_model(f"{type(base_model).__name__}@{id(base_model):x}", {e.key for e in entries})
         progress = _progress_bar(len({e.key for e in entries if e.compiles == 0 and e.path != "eager"}))
         # A fully loaded model (ComfyUI's model_lowvram flag unset) has every weight on the compute device, so
@@ -96,7 +100,8 @@ class CompiledApplyModel:
         try:
             for site, entry in zip(sites, entries):
                 reason = cannot_compile_reason(site.module, x.device) if partial else None
-                site.module.__dict__[site.attribute] = BlockDispatcher(site, entry, self.options.choose, reason, progress)
+                site.module.__dict__[site.attribute] = BlockDispatcher(site, entry, options, allow_sdpa, reason,
+                                                                       progress)
                 installed.append(site)
             return executor(*args, **kwargs)
         finally:

@@ -11,6 +11,7 @@ import copy
 
 from .blocks import BlockKind
 from .options import CompileOptions
+from .policy import device_policy, effective_options, warn_once
 from .registry import REGISTRY
 
 VAE_METHODS = ("decode", "encode")
@@ -25,8 +26,13 @@ class CompiledMethod:
 
     def __call__(self, *args, **kwargs):
         device = next(self.module.parameters()).device
-        entry = REGISTRY.entry(self.kind, getattr(type(self.module), self.method), self.options, device)
-        return entry.run(self.module, lambda: (args, kwargs), args, kwargs, self.options.choose)
+        policy = device_policy(device)
+        if not policy.allows("compile"):
+            warn_once(device, "compile", f"the VAE runs eagerly: {policy.explain('compile')}")
+            return getattr(type(self.module), self.method)(self.module, *args, **kwargs)
+        options = effective_options(self.options, policy, device)
+        entry = REGISTRY.entry(self.kind, getattr(type(self.module), self.method), options, device)
+        return entry.run(self.module, lambda: (args, kwargs), args, kwargs, options.choose)
 
 
 def compile_vae(vae, options: CompileOptions):

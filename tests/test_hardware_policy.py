@@ -1,0 +1,79 @@
+"""The hardware policy over a table of simulated devices, the real probe here, and the env switches."""
+from __future__ import annotations
+
+import pytest
+
+from compile_helpers import SMALL, assert_close_to_eager, dynamo_frames, sample
+
+
+@pytest.fixture(scope="module")
+def hardware(accel_pack):
+    return accel_pack.accel.hardware
+
+
+def cuda(hardware, cap, name, malloc_async=False):
+    return hardware.DeviceProbe("cuda", name, cap, bf16=cap >= (8, 0), triton=True, c_compiler=True,
+                                cuda_malloc_async=malloc_async)
+
+
+# feature -> allowed, per simulated device
+TABLE = {
+    "cpu": dict(compile=True, cuda_graphs=False, max_autotune=True, bf16=True),
+    "sm_70": dict(compile=True, cuda_graphs=True, max_autotune=False, bf16=False),
+    "sm_75": dict(compile=True, cuda_graphs=True, max_autotune=False, bf16=False),
+    "sm_80": dict(compile=True, cuda_graphs=True, max_autotune=True, bf16=True),
+    "sm_89": dict(compile=True, cuda_graphs=True, max_autotune=True, bf16=True),
+    "sm_90": dict(compile=True, cuda_graphs=True, max_autotune=True, bf16=True),
+    "mps": dict(compile=False, cuda_graphs=False, max_autotune=False, bf16=False),
+}
+
+
+def simulated(hardware, name):
+    if name == "cpu":
+        return hardware.DeviceProbe("cpu", "cpu", None, bf16=True, c_compiler=True)
+    if name == "mps":
+        return hardware.DeviceProbe("mps", "Apple M2")
+    cap = (int(name[3]), int(name[4]))
+    return cuda(hardware, cap, {"sm_70": "Tesla V100", "sm_75": "Tesla T4", "sm_80": "A100", "sm_89": "RTX 4090",
+                                "sm_90": "H100"}[name])
+
+
+@pytest.mark.parametrize("device", sorted(TABLE))
+def test_policy_table(hardware, device):
+    policy = hardware.decide(simulated(hardware, device), env={})
+    got = {feature: policy.allows(feature) for feature in TABLE[device]}
+    assert got == TABLE[device], {f: policy.explain(f) for f in got}
+    for feature, decision in policy.decisions.items():
+        if not decision.allowed:  # every refusal says why and names the switch
+            assert hardware.SWITCHES[feature] in decision.reason
+
+
+def test_cuda_malloc_async_refuses_cuda_graphs_with_the_fix(hardware):
+    policy = hardware.decide(cuda(hardware, (8, 9), "RTX 4090", malloc_async=True), env={})
+    assert not policy.allows("cuda_graphs") and "--disable-cuda-malloc" in policy.explain("cuda_graphs")
+
+
+def test_env_switch_turns_each_feature_off(hardware):
+    for feature, switch in hardware.SWITCHES.items():
+        policy = hardware.decide(simulated(hardware, "sm_90"), env={switch: "1"})
+        assert not policy.allows(feature) and switch in policy.explain(feature)
+
+
+def test_real_probe_here(hardware):
+    found = hardware.probe()
+    policy = hardware.decide(found, env={})
+    assert found.device_type in ("cpu", "cuda")
+    assert policy.allows("compile") == (found.c_compiler if found.device_type == "cpu" else found.triton)
+
+
+def test_disable_compile_switch_runs_eagerly_and_correctly(accel_pack, comfy_dir, monkeypatch):
+    import nodes
+
+    engine = accel_pack.accel.compile
+    (model,) = nodes.UNETLoader().load_unet(SMALL, "default")
+    eager = sample(model, size=8, steps=2)
+    monkeypatch.setenv("ACCEL_DISABLE_COMPILE", "1")
+    frames = dynamo_frames()
+    out = sample(engine.compile_model(model, engine.CompileOptions(choose="always compiled")), size=8, steps=2)
+    assert dynamo_frames() == frames
+    assert_close_to_eager(out, eager, "compile switched off")
