@@ -216,3 +216,26 @@ def test_whole_model_scope_equals_eager_and_reruns_free(engine, compiled_small):
     assert dynamo_frames() == frames
     whole = [k for k in engine.REGISTRY.stats()["kinds"] if k["kind"].startswith("UNetModel")]
     assert whole and whole[0]["compiles"] >= 1 and whole[0]["cache_hits"] >= 3
+
+
+def test_failing_compile_falls_back_to_eager_with_one_warning(engine, compiled_small, caplog):
+    """A backend that raises (registered through torch's own backend registry): the prompt completes with the
+    eager output, and one warning names the block kind and the error."""
+    import logging
+
+    import torch._dynamo
+
+    if "accel_test_failing" not in torch._dynamo.list_backends(exclude_tags=()):
+        @torch._dynamo.register_backend(name="accel_test_failing")
+        def failing_backend(graph_module, example_inputs):
+            raise RuntimeError("injected compile failure")
+
+    model = engine.compile_model(compiled_small["model"],
+                                 engine.CompileOptions(backend="accel_test_failing", choose="always compiled"))
+    with caplog.at_level(logging.WARNING, logger="comfyui_accel"):
+        out = sample(model)
+        sample(model)
+    assert_close_to_eager(out, compiled_small["eager"], "eager fallback after a failed compile")
+    warnings = [r.getMessage() for r in caplog.records if "injected compile failure" in r.getMessage()]
+    assert warnings and all("runs eagerly" in w for w in warnings)
+    assert len(warnings) == len({w.split(" runs eagerly")[0] for w in warnings}), "one warning per block kind"

@@ -45,6 +45,14 @@ def _entry_point(forward: Callable, name: str) -> Callable:
     return types.FunctionType(code, block_entry.__globals__, name, None, block_entry.__closure__)
 
 
+def _root_cause(err: BaseException) -> str:
+    """The innermost exception's type and first line: Dynamo wraps backend errors in BackendCompilerFailed."""
+    while (inner := getattr(err, "inner_exception", None) or err.__cause__) is not None:
+        err = inner
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 def _dynamo_frames() -> int:
     from torch._dynamo.utils import counters  # lazily: importing the pack must not pull in Dynamo
 
@@ -101,7 +109,7 @@ class KindEntry:
         except (torch.OutOfMemoryError, KeyboardInterrupt):
             raise
         except Exception as err:  # a failed compile or first run costs this kind its compiled path, not the prompt
-            self._fall_back(f"{type(err).__name__}: {err}".splitlines()[0][:300])
+            self._fall_back(_root_cause(err))
             return self.run_eager(block, args, kwargs, self.reason)
         new_frames = _dynamo_frames() - frames
         if new_frames:
@@ -151,8 +159,7 @@ class KindEntry:
     def _fall_back(self, why: str) -> None:
         self.failure = self.reason = f"compile failed: {why}"
         log.warning("[Accel] Compile Model: %s runs eagerly because compiling it failed (%s). The output is "
-                    "unaffected. Set the node's scope to a smaller region or report this with the log.",
-                    self.kind.label, why)
+                    "unaffected; ACCEL_DISABLE_COMPILE=1 skips compiling altogether.", self.kind.label, why)
 
     def _choose_path(self, block, make_call, args: tuple, kwargs: dict) -> None:
         def best_of(fn) -> float:
