@@ -44,10 +44,15 @@ def test_example_workflow_writes_an_image_over_http(comfy_server):
     images = comfy_server.output_images(entry)
     assert len(images) == 1
     assert_png(images[0])
-    after = comfy_server.get_json("/accel/stats")["counters"]
-    for feature in ("compile_model", "deepcache", "compile_vae"):
+    stats = comfy_server.get_json("/accel/stats")
+    after = stats["counters"]
+    for feature in ("compile_model", "compile_vae"):
         key = f"{feature}.passed_through"
         assert after.get(key, 0) == before.get(key, 0) + 1, (feature, before, after)
+    for key in ("deepcache.applied", "deepcache.run"):  # applied once, then one sampling run
+        assert after.get(key, 0) == before.get(key, 0) + 1, (key, before, after)
+    run = [e for e in stats["events"] if e["feature"] == "deepcache" and e["action"] == "run"][-1]
+    assert run["status"] == "completed" and run["reused_steps"] == 4 and run["steps"] == 6  # interval 3
 
 
 def test_bad_workflow_is_refused_with_node_errors(comfy_server):
