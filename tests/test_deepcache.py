@@ -315,13 +315,17 @@ def test_sampler_with_sub_steps(pack, unet):
 # ---- models it cannot serve, options it cannot honour -------------------------------------------------------------
 
 def test_dit_model_passes_through_with_a_message(pack, comfy_dir, caplog):
+    import comfy.ldm.flux.model
     import comfy.model_patcher
     import comfy.supported_models
 
-    config = comfy.supported_models.Flux(dict(
+    flux_params = dict(
         image_model="flux", in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=32, hidden_size=64,
         mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=[8, 12, 12], theta=10000,
-        patch_size=2, qkv_bias=True, guidance_embed=False))
+        patch_size=2, qkv_bias=True, guidance_embed=False)
+    if "txt_ids_dims" in comfy.ldm.flux.model.FluxParams.__dataclass_fields__:  # ComfyUI 0.33+
+        flux_params["txt_ids_dims"] = []
+    config = comfy.supported_models.Flux(flux_params)
     config.set_inference_dtype(torch.float32, None)
     flux = comfy.model_patcher.ModelPatcher(config.get_model({}, device="meta"), torch.device("cpu"),
                                             torch.device("cpu"))
