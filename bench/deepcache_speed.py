@@ -51,6 +51,15 @@ def load_pack():
     return sys.modules[path.replace(".", "_x_")]
 
 
+def machine() -> str:
+    name = platform.processor() or ""
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{platform.machine()} {name}, {os.cpu_count()} cores".strip()
+
+
 def timed_run(run) -> tuple[float, list[float]]:
     """Wall time of `run(callback)` and the time of each step (the callback fires after every step)."""
     stamps = []
@@ -190,7 +199,7 @@ def main() -> None:
     result = {
         "benchmark": "deepcache_speed", "model": args.model, "steps": args.steps, "latent": args.latent,
         "cfg": args.cfg, "cfg_batch": 2, "sampler": "euler", "depth": args.depth, "repeats": args.repeats,
-        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".strip(),
+        "machine": machine(),
         "torch": torch.__version__, "comfyui": comfyui_version(comfy), "threads": torch.get_num_threads(),
         "accel": comfy_side(args, pack),
     }

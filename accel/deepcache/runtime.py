@@ -69,9 +69,9 @@ class RunState:
     shallow_calls: int = 0
     fallback_calls: int = 0  # planned shallow, but no matching feature: ran full
     reused_steps: set = field(default_factory=set)
-    full_flops: float = 0.0
-    skipped_flops: float = 0.0
-    shares: dict = field(default_factory=dict)  # (H, W, context tokens) -> shallow share (FLOP estimate)
+    flops: float = 0.0  # estimated FLOPs of all UNet calls of the run, had they all been full
+    skipped_flops: float = 0.0  # the part of it that shallow calls skipped
+    estimates: dict = field(default_factory=dict)  # (H, W, context tokens) -> (full, shallow) FLOPs per sample
 
     def lookup(self, keys, step: int, signature: tuple):
         """The cached deep feature for every chunk of this call, or None. A feature is valid if it was computed
@@ -90,24 +90,27 @@ class RunState:
             self.features[keys[i]] = _Entry(step, signature, chunk)
 
     def account(self, unet, x, context, shallow: bool) -> None:
-        key = (tuple(x.shape[2:]), context.shape[1] if context is not None and context.dim() > 1 else 0)
-        if key not in self.shares:
+        """Add this call's estimated compute (once per shape: a walk over the UNet's modules, no tensor work)."""
+        tokens = context.shape[1] if context is not None and context.dim() > 2 else 1
+        key = (tuple(x.shape[2:]), tokens)
+        if key not in self.estimates:
             h, w = (x.shape[-2], x.shape[-1]) if x.dim() >= 4 else (1, 1)
-            self.shares[key] = unet_paths.shallow_share(unet, self.depth, h, w, key[1] or 1)
-        share = self.shares[key]
-        weight = x.shape[0]  # compute grows with the batch
-        self.full_flops += weight
+            self.estimates[key] = unet_paths.compute_estimate(unet, self.depth, h, w, tokens)
+        if self.estimates[key] is None:
+            return
+        full, shallow_path = self.estimates[key]
+        self.flops += x.shape[0] * full
         if shallow:
-            self.skipped_flops += weight * (1.0 - share) if share is not None else 0.0
+            self.skipped_flops += x.shape[0] * (full - shallow_path)
 
     def report(self, status: str) -> dict:
-        known = [s for s in self.shares.values() if s is not None]
+        known = [e for e in self.estimates.values() if e is not None]
         return {
             "status": status, "steps": self.plan.steps, "planned_shallow_steps": self.plan.shallow_steps,
             "reused_steps": len(self.reused_steps), "full_calls": self.full_calls,
             "shallow_calls": self.shallow_calls, "fallback_calls": self.fallback_calls,
-            "shallow_share": round(known[0], 4) if known else None,
-            "compute_skipped": round(self.skipped_flops / self.full_flops, 4) if self.full_flops and known else None,
+            "shallow_share": round(known[0][1] / known[0][0], 4) if known else None,
+            "compute_skipped": round(self.skipped_flops / self.flops, 4) if self.flops else None,
             "estimate": "FLOPs of convolutions, linear layers and attention matmuls",
             "interval": self.config.interval, "depth": self.depth, "schedule": self.config.schedule,
         }

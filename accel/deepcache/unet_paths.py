@@ -129,7 +129,9 @@ def shallow_forward(unet, depth: int, deep_h, x, timesteps=None, context=None, y
     to["transformer_index"] += _transformer_layers(skipped)
     _drop_control(control, "output", first_out)
 
-    h = deep_h.clone() if patches.get("output_block_patch") else deep_h  # patches may write into h
+    # Output-block patches may write into h (FreeU does): hand them a copy, so the cache stays as it was.
+    writers = [p for p in patches.get("output_block_patch", ()) if not isinstance(p, DeepFeatureCapture)]
+    h = deep_h.clone() if writers else deep_h
     for j in range(first_out, n):
         to["block"] = ("output", j)
         hsp = oam.apply_control(hs.pop(), control, "output")
@@ -202,8 +204,8 @@ def block_flops(unet, height: int, width: int, context_tokens: int) -> tuple[lis
     return inputs, middle, outputs, out
 
 
-def shallow_share(unet, depth: int, height: int, width: int, context_tokens: int) -> float | None:
-    """The shallow path's share of a full UNet call's compute (FLOP estimate), or None if it cannot be told."""
+def compute_estimate(unet, depth: int, height: int, width: int, context_tokens: int) -> tuple[int, int] | None:
+    """Estimated FLOPs per sample of a full UNet call and of the shallow path, or None if they cannot be told."""
     try:
         inputs, middle, outputs, out = block_flops(unet, height, width, context_tokens)
     except Exception:  # an unusual layer type (custom ops without weights, ...): report "unknown", never fail a run
@@ -211,4 +213,4 @@ def shallow_share(unet, depth: int, height: int, width: int, context_tokens: int
     n = len(inputs)
     total = sum(inputs) + middle + sum(outputs) + out
     shallow = sum(inputs[:depth + 1]) + sum(outputs[n - 1 - depth:]) + out
-    return shallow / total if total else None
+    return (total, shallow) if total else None
