@@ -312,6 +312,16 @@ def test_sampler_with_sub_steps(pack, unet):
     assert report["reused_steps"] == 2 and report["fallback_calls"] == 0
 
 
+def test_nonuniform_schedule_run(pack, unet):
+    """The non-uniform schedule keeps the uniform one's budget of full steps (4 of 10 at interval 3) and places
+    them differently, so the output differs."""
+    uniform = sample(deepcache(pack, unet, 3, 0), size=(8, 8), steps=10)
+    nonuniform = sample(deepcache(pack, unet, 3, 0, schedule="non-uniform"), size=(8, 8), steps=10)
+    report = last_run_report(pack)
+    assert report["schedule"] == "non-uniform" and report["reused_steps"] == 6 and report["fallback_calls"] == 0
+    assert torch.isfinite(nonuniform).all() and not torch.equal(uniform, nonuniform)
+
+
 # ---- models it cannot serve, options it cannot honour -------------------------------------------------------------
 
 def test_dit_model_passes_through_with_a_message(pack, comfy_dir, caplog):
