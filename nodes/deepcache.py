@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from .common import CATEGORY, pass_through
+from ..accel import deepcache, telemetry
+from .common import CATEGORY, log
 
 
 class DeepCache:
@@ -21,10 +22,19 @@ class DeepCache:
                                     "tooltip": "Which skip branch stays live; 0 is the shallowest."}),
             "start_percent": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01}),
             "end_percent": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01}),
-            "schedule": (["uniform", "non-uniform"], {"default": "uniform"}),
+            "schedule": (list(deepcache.SCHEDULES), {"default": "uniform"}),
         }}
 
     def apply(self, model, cache_interval, cache_depth, start_percent, end_percent, schedule):
-        return (pass_through("deepcache", self.DISPLAY_NAME, model, cache_interval=cache_interval,
-                             cache_depth=cache_depth, start_percent=start_percent, end_percent=end_percent,
-                             schedule=schedule),)
+        options = dict(cache_interval=cache_interval, cache_depth=cache_depth, start_percent=start_percent,
+                       end_percent=end_percent, schedule=schedule)
+        config = deepcache.DeepCacheConfig(interval=cache_interval, depth=cache_depth, start_percent=start_percent,
+                                           end_percent=end_percent, schedule=schedule)
+        patched, depth, message = deepcache.apply(model, config)
+        if patched is None:
+            telemetry.record(deepcache.FEATURE, "unsupported", options=options, reason=message)
+            log.warning("[Accel] %s: %s; the model passes through unchanged.", self.DISPLAY_NAME, message)
+            return (model.clone(),)
+        telemetry.record(deepcache.FEATURE, "applied", options=options, depth=depth)
+        log.info("[Accel] %s: %s.", self.DISPLAY_NAME, message)
+        return (patched,)

@@ -52,6 +52,10 @@ def test_example_workflow_writes_an_image_over_http(comfy_server):
     kinds = {k["kind"]: k for k in stats["compile"]["kinds"]}
     assert any(name.startswith("ResBlock") for name in kinds) and any(".decode" in name for name in kinds)
     assert all(k["path"] in ("compiled", "eager") for k in kinds.values())
+    for key in ("deepcache.applied", "deepcache.run"):  # applied once, then one sampling run
+        assert after.get(key, 0) == before.get(key, 0) + 1, (key, before, after)
+    run = [e for e in stats["events"] if e["feature"] == "deepcache" and e["action"] == "run"][-1]
+    assert run["status"] == "completed" and run["reused_steps"] == 4 and run["steps"] == 6  # interval 3
 
 
 def test_bad_workflow_is_refused_with_node_errors(comfy_server):

@@ -1,0 +1,11 @@
+"""DeepCache for ComfyUI UNet models: reuse the deep UNet features across sampling steps.
+
+- `schedule`: which steps are full and which shallow, planned per run from the run's sigma schedule.
+- `unet_paths`: the full path (ComfyUI's forward, deep feature captured) and the shallow path on a UNetModel,
+  and the FLOP estimate of the shallow path's share.
+- `runtime`: the OUTER_SAMPLE and DIFFUSION_MODEL wrappers, the per-run state and `apply()`.
+"""
+from .runtime import FEATURE, DeepCacheConfig, apply
+from .schedule import SCHEDULES
+
+__all__ = ["FEATURE", "DeepCacheConfig", "SCHEDULES", "apply"]

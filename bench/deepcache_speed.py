@@ -1,0 +1,228 @@
+"""DeepCache speed: the full-size SD1.5 UNet (accel-sd15-a) through ComfyUI's sampler, with and without DeepCache.
+
+Settings (issue #4): `--steps` 20, 32x32 latent, euler, cfg 7 (cond and uncond batched: UNet batch 2), branch 0.
+For each interval (2, 3, 5) it reports the run's wall time, the speedup against no cache, and beside it the limit
+N / (1 + (N-1) s), where s is the shallow path's share of a full UNet call measured by timing: the median time of
+a shallow step over the median time of a full step, from the same runs. The FLOP estimate of s that the node
+reports is given too.
+
+Reference, in the same process with the same steps: the registry package DeepCache (`DeepCacheSDHelper`,
+branch 0) on a diffusers `UNet2DConditionModel` of the same configuration, driven by the same kind of loop
+(Euler, cfg, batch 2); its own speedup at each interval. It needs the packages in bench/requirements.txt and is
+skipped with a message when they are missing (`--no-reference` skips it on purpose).
+
+Each configuration runs `--repeats` times, in rotating order so that a slow phase of the machine does not fall
+on one configuration; medians are reported. Results: bench/results/deepcache_speed.json.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+
+from tools.comfy_env import PACK_LINK_NAME, comfyui_version, import_comfyui  # noqa: E402
+
+SD15_DIFFUSERS = dict(  # diffusers' names for the SD1.5 UNet configuration (tools/make_models.py SD15_FULL)
+    sample_size=64, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280, 1280),
+    down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+    cross_attention_dim=768, attention_head_dim=8,
+)
+
+
+def load_pack():
+    """The pack, loaded by ComfyUI's own custom-node loader (as ComfyUI and the tests do)."""
+    import nodes
+
+    link = Path(import_comfyui(cpu=True)) / "custom_nodes" / PACK_LINK_NAME
+    path = str(link if link.exists() and link.resolve() == ROOT else ROOT)
+    if not asyncio.run(nodes.load_custom_node(path)):
+        raise SystemExit("ComfyUI failed to load the pack")
+    return sys.modules[path.replace(".", "_x_")]
+
+
+def machine() -> str:
+    name = platform.processor() or ""
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{platform.machine()} {name}, {os.cpu_count()} cores".strip()
+
+
+def timed_run(run) -> tuple[float, list[float]]:
+    """Wall time of `run(callback)` and the time of each step (the callback fires after every step)."""
+    stamps = []
+    start = time.perf_counter()
+    run(lambda *a, **k: stamps.append(time.perf_counter()))
+    total = time.perf_counter() - start
+    return total, [b - a for a, b in zip([start] + stamps[:-1], stamps)]
+
+
+def rotating(configs: list, repeats: int):
+    for r in range(repeats):
+        k = r % len(configs)
+        yield from configs[k:] + configs[:k]
+
+
+def comfy_side(args, pack) -> dict:
+    import comfy.sample
+    import comfy.samplers
+    import nodes
+    import torch
+
+    (unet,) = nodes.UNETLoader().load_unet(args.model, "default")
+    gen = torch.Generator().manual_seed(0)
+    pos, neg = [[torch.randn(1, 77, 768, generator=gen), {}]], [[torch.randn(1, 77, 768, generator=gen), {}]]
+    latent = torch.zeros(1, 4, args.latent, args.latent)
+    noise = comfy.sample.prepare_noise(latent, 0)
+    models = {1: unet}
+    for n in args.intervals:
+        (models[n],) = pack.nodes.deepcache.DeepCache().apply(unet, n, args.depth, 0.0, 1.0, "uniform")
+
+    def run(model, steps=args.steps):
+        return lambda callback: comfy.sample.sample(model, noise, steps, args.cfg, "euler", "normal", pos, neg,
+                                                    latent, callback=callback, disable_pbar=True, seed=0)
+
+    timed_run(run(unet, 2))  # load the model and warm the allocator outside the measurements
+    sigmas = comfy.samplers.calculate_sigmas(unet.get_model_object("model_sampling"), "normal", args.steps)
+    totals, full_steps, shallow_steps, flop_share = {n: [] for n in models}, [], [], None
+    for n in rotating(list(models), args.repeats):
+        total, steps = timed_run(run(models[n]))
+        totals[n].append(total)
+        plan = pack.accel.deepcache.schedule.make_plan(sigmas.tolist(), n, "uniform", 1e9, 0.0)
+        for i, seconds in enumerate(steps[1:], start=1):  # step 0 is full and also starts the run: left out
+            (full_steps if plan.full[i] else shallow_steps).append(seconds)
+        if n > 1:
+            flop_share = pack.accel.telemetry.snapshot()["events"][-1].get("shallow_share")
+        print(f"  comfyui  interval {n}: {total:7.2f} s", flush=True)
+    return summarize(totals, full_steps, shallow_steps, flop_share)
+
+
+def summarize(totals: dict, full_steps: list, shallow_steps: list, flop_share=None) -> dict:
+    base = statistics.median(totals[1])
+    share = statistics.median(shallow_steps) / statistics.median(full_steps) if shallow_steps and full_steps else None
+    rows = {}
+    for n, runs in totals.items():
+        median = statistics.median(runs)
+        rows[n] = {"seconds": median, "runs": runs, "speedup": base / median,
+                   "limit": n / (1 + (n - 1) * share) if share is not None else None}
+    return {"intervals": rows, "shallow_share_timed": share, "shallow_share_flops": flop_share,
+            "median_full_step_s": statistics.median(full_steps) if full_steps else None,
+            "median_shallow_step_s": statistics.median(shallow_steps) if shallow_steps else None}
+
+
+def reference_side(args) -> dict | None:
+    """The registry package DeepCache on a diffusers UNet of the same configuration, or None when missing."""
+    try:
+        import diffusers
+        from DeepCache import DeepCacheSDHelper
+    except ImportError as exc:
+        print(f"  reference skipped: {exc}. Install bench/requirements.txt into a separate environment "
+              "(not the project's .venv) to compare with the registry package DeepCache.", flush=True)
+        return None
+    import torch
+
+    torch.manual_seed(0)
+    unet = diffusers.UNet2DConditionModel(**SD15_DIFFUSERS).eval()
+    scheduler = diffusers.EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                                 num_train_timesteps=1000)
+    context = torch.randn(2, 77, 768, generator=torch.Generator().manual_seed(0))
+    pipe = types.SimpleNamespace(unet=unet, scheduler=scheduler)  # all DeepCacheSDHelper reads from a pipeline
+
+    def run(steps=args.steps):
+        def loop(callback):
+            scheduler.set_timesteps(steps)
+            latents = torch.randn(1, 4, args.latent, args.latent, generator=torch.Generator().manual_seed(0))
+            latents = latents * scheduler.init_noise_sigma
+            with torch.inference_mode():
+                for t in scheduler.timesteps:
+                    model_in = scheduler.scale_model_input(torch.cat([latents] * 2), t)
+                    uncond, cond = unet(model_in, t, encoder_hidden_states=context).sample.chunk(2)
+                    latents = scheduler.step(uncond + args.cfg * (cond - uncond), t, latents).prev_sample
+                    callback()
+        return loop
+
+    def with_helper(n):
+        def loop(callback):
+            helper = DeepCacheSDHelper(pipe=pipe)
+            helper.set_params(cache_interval=n, cache_branch_id=args.depth)
+            helper.enable()
+            try:
+                run()(callback)
+            finally:
+                helper.disable()
+        return loop
+
+    timed_run(run(2))
+    totals, full_steps, shallow_steps = {n: [] for n in [1, *args.intervals]}, [], []
+    for n in rotating(list(totals), args.repeats):
+        total, steps = timed_run(run() if n == 1 else with_helper(n))
+        totals[n].append(total)
+        for i, seconds in enumerate(steps[1:], start=1):
+            (full_steps if i % n == 0 else shallow_steps).append(seconds)  # the helper's uniform rule
+        print(f"  DeepCache (diffusers {diffusers.__version__}) interval {n}: {total:7.2f} s", flush=True)
+    out = summarize(totals, full_steps, shallow_steps)
+    out["diffusers"] = diffusers.__version__
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="accel-sd15-a.safetensors")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--latent", type=int, default=32, help="latent side (image side / 8)")
+    parser.add_argument("--cfg", type=float, default=7.0)
+    parser.add_argument("--depth", type=int, default=0, help="cache branch (0 = shallowest, DeepCache's branch 0)")
+    parser.add_argument("--intervals", type=int, nargs="+", default=[2, 3, 5])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-reference", action="store_true", help="skip the diffusers + DeepCache side")
+    args = parser.parse_args()
+
+    comfy = import_comfyui(cpu=True)
+    pack = load_pack()
+    import torch
+
+    print(f"== ComfyUI {comfyui_version(comfy)} + ComfyUI-Accel DeepCache, {args.model}, {args.steps} steps, "
+          f"{args.latent}x{args.latent} latent, cfg {args.cfg}, branch {args.depth}, {torch.get_num_threads()} threads",
+          flush=True)
+    result = {
+        "benchmark": "deepcache_speed", "model": args.model, "steps": args.steps, "latent": args.latent,
+        "cfg": args.cfg, "cfg_batch": 2, "sampler": "euler", "depth": args.depth, "repeats": args.repeats,
+        "machine": machine(),
+        "torch": torch.__version__, "comfyui": comfyui_version(comfy), "threads": torch.get_num_threads(),
+        "accel": comfy_side(args, pack),
+    }
+    if not args.no_reference:
+        print("== reference: registry package DeepCache on diffusers UNet2DConditionModel", flush=True)
+        result["reference"] = reference_side(args)
+
+    print("\n| interval | ComfyUI-Accel s | speedup | limit N/(1+(N-1)s) | DeepCache (diffusers) speedup |")
+    print("| --- | --- | --- | --- | --- |")
+    ref = (result.get("reference") or {}).get("intervals", {})
+    for n, row in result["accel"]["intervals"].items():
+        limit = f"{row['limit']:.2f}x" if row["limit"] else "-"
+        theirs = f"{ref[n]['speedup']:.2f}x" if n in ref else "-"
+        print(f"| {n} | {row['seconds']:.2f} | {row['speedup']:.2f}x | {limit} | {theirs} |")
+    accel = result["accel"]
+    timed = f"{accel['shallow_share_timed']:.3f}" if accel["shallow_share_timed"] is not None else "-"
+    print(f"\nshallow share s: {timed} timed (median shallow step / median full step), "
+          f"{accel['shallow_share_flops']} FLOP estimate")
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "deepcache_speed.json").write_text(json.dumps(result, indent=2))
+    print(f"results: {out / 'deepcache_speed.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,402 @@
+"""DeepCache against a real ComfyUI: the small SD1.5-architecture UNet through ComfyUI's own sampler, compared
+with the same model without DeepCache (eager) and with itself in other conditions."""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+import deepcache_runs as runs
+from deepcache_runs import RUN_A, deepcache, sample, split_cond_uncond
+
+
+@pytest.fixture(scope="module")
+def pack(accel_pack):
+    return accel_pack
+
+
+@pytest.fixture(scope="module")
+def unet(comfy_dir):
+    import nodes
+
+    (model,) = nodes.UNETLoader().load_unet(runs.SMALL, "default")
+    return model
+
+
+def run_a_kwargs():
+    return dict(size=RUN_A["size"], batch=RUN_A["batch"], steps=RUN_A["steps"], seed=RUN_A["seed"])
+
+
+@pytest.fixture(scope="module")
+def eager(unet):
+    """Run A's settings without DeepCache: the final latent and the denoised prediction of every step."""
+    x0s = []
+    out = sample(unet, **run_a_kwargs(), callback=lambda step, x0, x, total: x0s.append(x0.clone()))
+    return out, x0s
+
+
+def last_run_report(pack) -> dict:
+    events = pack.accel.telemetry.snapshot()["events"]
+    runs_ = [e for e in events if e["feature"] == "deepcache" and e["action"] == "run"]
+    assert runs_, "no DeepCache run was reported"
+    return runs_[-1]
+
+
+def call_recorder(model, calls: list):
+    """A clone whose outermost DIFFUSION_MODEL wrapper records each UNet call's cond_or_uncond (added before
+    DeepCache, so it sees the shallow calls too)."""
+    import comfy.patcher_extension as pe
+
+    def record(executor, *args, **kwargs):
+        calls.append(list(args[5]["cond_or_uncond"]))
+        return executor(*args, **kwargs)
+
+    clone = model.clone()
+    clone.add_wrapper_with_key(pe.WrappersMP.DIFFUSION_MODEL, "test_record_calls", record)
+    return clone
+
+
+# ---- the plan ---------------------------------------------------------------------------------------------
+
+def test_uniform_and_nonuniform_plans(pack):
+    schedule = pack.accel.deepcache.schedule
+    sigmas = [float(20 - i) for i in range(21)]  # 20 steps at sigma 20..1, then the end point 0
+    full = lambda plan: [i for i, f in enumerate(plan.full) if f]  # noqa: E731
+
+    plan = schedule.make_plan(sigmas, 3, "uniform", 1e9, 0.0)
+    assert full(plan) == [0, 3, 6, 9, 12, 15, 18] and plan.shallow_steps == 13
+    assert plan.source(4) == 3 and plan.source(0) is None
+    assert plan.cache_needed_after(18) and not plan.cache_needed_after(19)
+    assert full(schedule.make_plan(sigmas, 1, "uniform", 1e9, 0.0)) == list(range(20))
+
+    window = schedule.make_plan(sigmas, 3, "uniform", 15.0, 5.0)  # sigma in (5, 15]: steps 5..14
+    assert full(window) == [0, 1, 2, 3, 4, 5, 8, 11, 14, 15, 16, 17, 18, 19]
+
+    nonuniform = full(schedule.make_plan(sigmas, 3, "non-uniform", 1e9, 0.0))
+    assert len(nonuniform) == 7 and nonuniform[0] == 0  # the same budget of full steps, the first one full
+    gaps = [b - a for a, b in zip(nonuniform, nonuniform[1:])]
+    near_center = [g for a, g in zip(nonuniform, gaps) if 3 <= a <= 8]  # 30 % of 20 steps is step 6
+    assert near_center and max(near_center) < max(gaps), (nonuniform, gaps)
+
+    assert plan.step_of(20.0, None) == 0 and plan.step_of(11.0, 3) == 9
+    assert plan.step_of(12.5, 7) == 7  # a sampler's sub-step between two scheduled sigmas stays in its step
+
+
+def test_percent_window_uses_the_models_sigmas(pack, unet):
+    import comfy.samplers
+
+    runtime = pack.accel.deepcache.runtime
+    model_sampling = unet.get_model_object("model_sampling")
+    sigmas = comfy.samplers.calculate_sigmas(model_sampling, "normal", 10)
+    config = runtime.DeepCacheConfig(interval=2, start_percent=0.2, end_percent=0.8)
+    plan = runtime.start_run(config, 0, sigmas, model_sampling).plan
+    start, end = model_sampling.percent_to_sigma(0.2), model_sampling.percent_to_sigma(0.8)
+    inside = [i for i, s in enumerate(sigmas[:-1].tolist()) if end < s <= start]
+    assert 0 < inside[0] and inside[-1] < 9
+    assert all(plan.full[i] for i in range(10) if i not in inside)
+    assert [plan.full[i] for i in inside] == [k % 2 == 0 for k in range(len(inside))]
+
+
+# ---- what it computes ---------------------------------------------------------------------------------------
+
+def test_interval_1_gives_the_same_output_as_no_deepcache(pack, unet, eager):
+    out = sample(deepcache(pack, unet, interval=1, depth=0), **run_a_kwargs())
+    assert torch.equal(out, eager[0])
+    report = last_run_report(pack)
+    assert report["reused_steps"] == 0 and report["full_calls"] == RUN_A["steps"]
+
+
+def test_reuses_deep_features_on_planned_steps_and_reports_it(pack, unet, eager, caplog):
+    x0s = []
+    with caplog.at_level(logging.INFO, logger="comfyui_accel"):
+        out = sample(deepcache(pack, unet, interval=3, depth=1), **run_a_kwargs(),
+                     callback=lambda step, x0, x, total: x0s.append(x0.clone()))
+    # Step 0 is a full step: exactly ComfyUI's forward. Step 1 reuses step 0's deep features: not the same.
+    assert torch.equal(x0s[0], eager[1][0])
+    assert not torch.allclose(x0s[1], eager[1][1], atol=1e-4)
+    assert torch.isfinite(out).all() and not torch.allclose(out, eager[0], atol=1e-4)
+
+    report = last_run_report(pack)
+    assert report["status"] == "completed" and report["steps"] == 6
+    counts = (report["reused_steps"], report["shallow_calls"], report["full_calls"], report["fallback_calls"])
+    assert counts == (4, 4, 2, 0)
+    share = report["shallow_share"]
+    assert 0.0 < share < 1.0
+    assert report["compute_skipped"] == pytest.approx(4 / 6 * (1 - share), abs=1e-3)
+    assert "deep features reused on 4 of 6 steps" in caplog.text
+
+
+UNCOND, COND = uuid.uuid4(), uuid.uuid4()
+
+
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_shallow_path_equals_full_path_on_the_same_input(pack, unet, depth):
+    """With the same input as the full step that cached the deep feature, the shallow path must give the full
+    output: every skipped block, patch, control residual and transformer_index is accounted for. The model
+    carries an input-block patch, an output-block patch that writes into h in place (as FreeU does) and
+    ControlNet-style residuals for every block."""
+    runtime = pack.accel.deepcache.runtime
+    seen = {}
+
+    def input_patch(h, transformer_options):
+        return h * 1.01
+
+    def output_patch(h, hsp, transformer_options):
+        seen.setdefault(transformer_options["block"], []).append(transformer_options["transformer_index"])
+        h[:, : h.shape[1] // 2] *= 1.1  # in place, like FreeU's backbone scaling
+        return h, hsp * 0.9
+
+    patched = unet.clone()
+    patched.set_model_input_block_patch(input_patch)
+    patched.set_model_output_block_patch(output_patch)
+    model = deepcache(pack, patched, interval=2, depth=depth)
+    diffusion_model = model.model.diffusion_model
+    gen = torch.Generator().manual_seed(depth)
+    x = torch.randn(2, 4, 16, 16, generator=gen)
+    t = torch.tensor([500.0, 500.0])
+    context = torch.randn(2, 77, 768, generator=gen)
+
+    # Control residuals: ComfyUI pops one per block, so the lists are in reverse block order.
+    shapes = {}
+
+    def record_shape(h, transformer_options):
+        shapes[transformer_options["block"][1]] = h.shape
+        return h
+
+    probe = unet.clone()
+    probe.set_model_input_block_patch(record_shape)
+    unet_call(probe, None, 1.0, x, t, context)
+    n = len(shapes)
+    control_in = [torch.randn(shapes[i], generator=gen) * 0.1 for i in range(n)]
+
+    def control():
+        return {"input": control_in[::-1], "middle": [None], "output": control_in[:]}  # output block j gets skip n-1-j
+
+    run = runtime.start_run(runtime.DeepCacheConfig(interval=2, depth=depth), depth,
+                            torch.tensor([10.0, 5.0, 0.0]), model.get_model_object("model_sampling"))
+    full = unet_call(model, run, 10.0, x, t, context, control())   # step 0: full, caches the deep feature
+    shallow = unet_call(model, run, 5.0, x, t, context, control())  # step 1: shallow, on the same input
+    again = unet_call(model, run, 5.0, x, t, context, control())    # the cached feature was not written into
+    assert (run.full_calls, run.shallow_calls, run.fallback_calls) == (1, 2, 0)
+    torch.testing.assert_close(shallow, full, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(again, full, rtol=1e-4, atol=1e-5)
+    for block in [("output", j) for j in range(n - 1 - depth, n)]:
+        assert len(set(seen[block])) == 1, (block, seen[block])  # same transformer_index on both paths
+
+
+def unet_call(model, run, sigma, x, t, context, control=None, chunks=((1, UNCOND), (0, COND))):
+    """One UNet call as `_calc_cond_batch` makes it (by default uncond and cond batched), inside the run `run`:
+    the transformer options a sampling run would pass, with the run state where the OUTER_SAMPLE wrapper puts it."""
+    import comfy.patcher_extension as pe
+
+    to = pe.copy_nested_dicts(model.model_options["transformer_options"])
+    to["wrappers"] = {k: {kk: list(vv) for kk, vv in w.items()} for k, w in model.wrappers.items()}
+    to.update(sigmas=torch.tensor([sigma]), cond_or_uncond=[c for c, _ in chunks], uuids=[u for _, u in chunks])
+    if run is not None:
+        to[sys.modules[type(run).__module__].RUN_KEY] = run  # the runtime module of the loaded pack
+    with torch.no_grad():
+        return model.model.diffusion_model(x, t, context=context, control=control, transformer_options=to)
+
+
+def test_cached_features_are_matched_per_chunk_shape_and_step(pack, unet):
+    """Within a run, a call reads only the features of its own cond chunks (by uuid, in its own order), of its
+    shape, and from its step's source full step or later; anything else is a full step."""
+    runtime = pack.accel.deepcache.runtime
+    model = deepcache(pack, unet, interval=3, depth=1)
+    run = runtime.start_run(runtime.DeepCacheConfig(interval=3, depth=1), 1, torch.tensor([10.0, 5.0, 2.0, 0.0]),
+                            model.get_model_object("model_sampling"))  # steps: 0 full, 1 and 2 shallow
+    gen = torch.Generator().manual_seed(7)
+    x, context = torch.randn(2, 4, 16, 16, generator=gen), torch.randn(2, 77, 768, generator=gen)
+    t = torch.tensor([400.0, 400.0])
+    counts = lambda: (run.full_calls, run.shallow_calls, run.fallback_calls)  # noqa: E731
+
+    unet_call(model, run, 5.0, x, t, context)  # step 1 with nothing cached yet: full, and it caches
+    assert counts() == (1, 0, 1)
+    both = unet_call(model, run, 2.0, x, t, context)  # step 2 reads step 1's features
+    assert counts() == (1, 1, 1)
+    cond_only = unet_call(model, run, 2.0, x[1:], t[1:], context[1:], chunks=((0, COND),))
+    swapped = unet_call(model, run, 2.0, x.flip(0), t, context.flip(0), chunks=((0, COND), (1, UNCOND)))
+    assert counts() == (1, 3, 1)
+    torch.testing.assert_close(cond_only, both[1:], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(swapped, both.flip(0), rtol=1e-4, atol=1e-5)
+
+    unet_call(model, run, 2.0, x[1:], t[1:], context[1:], chunks=((0, uuid.uuid4()),))  # another sampler's cond
+    unet_call(model, run, 2.0, torch.randn(2, 4, 8, 8), t, context)  # another resolution
+    unet_call(model, run, 2.0, x.repeat(2, 1, 1, 1), t.repeat(2), context.repeat(2, 1, 1),
+              chunks=((1, UNCOND), (0, COND)))  # another batch size per chunk
+    assert counts() == (4, 3, 4)
+
+
+def test_cond_uncond_split_matches_batched(pack, unet, eager):
+    import comfy.model_management
+
+    batched_calls, split_calls, memory_calls = [], [], []
+    batched = sample(deepcache(pack, call_recorder(unet, batched_calls), 3, 1), **run_a_kwargs())
+    split = sample(deepcache(pack, split_cond_uncond(call_recorder(unet, split_calls)), 3, 1), **run_a_kwargs())
+    report = last_run_report(pack)
+    assert batched_calls == [[1, 0]] * 6
+    assert split_calls == [[1], [0]] * 6
+    assert (report["reused_steps"], report["shallow_calls"], report["fallback_calls"]) == (4, 8, 0)
+    assert not torch.allclose(split, eager[0], atol=1e-4)  # the cache was used
+    torch.testing.assert_close(split, batched, rtol=0, atol=1e-4)
+
+    # ComfyUI's own memory fallback splits the calls the same way and gives the same result.
+    memory = call_recorder(unet, memory_calls)
+    memory.add_object_patch("memory_usage_factor", 1e30)
+    try:
+        by_memory = sample(deepcache(pack, memory, 3, 1), **run_a_kwargs())
+    finally:
+        comfy.model_management.unload_all_models()  # the object patch stays on the shared model until unloaded
+    assert memory_calls == [[1], [0]] * 6
+    torch.testing.assert_close(by_memory, split, rtol=0, atol=1e-6)
+
+
+# ---- no leaks, no mix-ups -------------------------------------------------------------------------------------
+
+def test_no_state_leaks_between_runs(pack, unet, tmp_path):
+    """Run A, then B (another size, batch 2, cond/uncond in separate calls), B again interrupted mid-run, then
+    A again, then A after unloading the model: every A equals A computed in a fresh process."""
+    import comfy.model_management
+
+    fresh_file = tmp_path / "run_a.pt"
+    fresh = subprocess.Popen([sys.executable, str(Path(runs.__file__)), str(fresh_file)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        a1 = runs.run_a(pack, unet)
+        b_model = deepcache(pack, split_cond_uncond(unet), RUN_A["interval"], RUN_A["depth"])
+        b = sample(b_model, size=(8, 16), batch=2, steps=6, seed=1)
+        assert b.shape == (2, 4, 8, 16) and last_run_report(pack)["shallow_calls"] == 8
+
+        def interrupt(step, x0, x, total):
+            if step == 1:  # after a shallow step, with features cached
+                raise comfy.model_management.InterruptProcessingException()
+
+        with pytest.raises(comfy.model_management.InterruptProcessingException):
+            sample(b_model, size=(8, 16), batch=2, steps=6, seed=1, callback=interrupt)
+        assert last_run_report(pack)["status"] == "interrupted"
+        a2 = runs.run_a(pack, unet)
+        comfy.model_management.unload_all_models()
+        a3 = runs.run_a(pack, unet)
+        output, _ = fresh.communicate(timeout=600)
+    finally:
+        fresh.kill()
+    assert fresh.returncode == 0, output[-3000:]
+    a_fresh = torch.load(fresh_file)
+    assert torch.equal(a1, a_fresh)
+    assert torch.equal(a2, a_fresh)
+    assert torch.equal(a3, a_fresh)
+
+
+def test_second_sampler_in_the_same_workflow(pack, unet):
+    """A hires-fix second pass (upscaled latent, denoise 0.5) gets its own plan and cache: it gives the same
+    result after the first pass as on its own."""
+    model = deepcache(pack, unet, 3, 1)
+    latent = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(3))  # a first pass's upscaled output
+    alone = sample(model, latent=latent, steps=6, seed=4, denoise=0.5)
+    first = sample(model, size=(8, 8), steps=6, seed=3)
+    assert first.shape == (1, 4, 8, 8)
+    after_first = sample(model, latent=latent, steps=6, seed=4, denoise=0.5)
+    report = last_run_report(pack)
+    assert report["steps"] == 6 and report["reused_steps"] == 4 and report["fallback_calls"] == 0
+    assert torch.equal(after_first, alone)
+
+
+def test_sampler_with_sub_steps(pack, unet):
+    """heun evaluates the model twice per step, once at a sigma of the next step: no fallback, no error."""
+    out = sample(deepcache(pack, unet, 3, 0), size=(8, 8), steps=4, sampler="heun")
+    report = last_run_report(pack)
+    assert torch.isfinite(out).all()
+    assert report["reused_steps"] == 2 and report["fallback_calls"] == 0
+
+
+def test_nonuniform_schedule_run(pack, unet):
+    """The non-uniform schedule keeps the uniform one's budget of full steps (2 of 6 at interval 3: steps 0 and
+    3 uniform, 0 and 5 non-uniform) and places them differently, so the output differs."""
+    uniform = sample(deepcache(pack, unet, 3, 0), size=(8, 8), steps=6)
+    nonuniform = sample(deepcache(pack, unet, 3, 0, schedule="non-uniform"), size=(8, 8), steps=6)
+    report = last_run_report(pack)
+    assert report["schedule"] == "non-uniform" and report["reused_steps"] == 4 and report["fallback_calls"] == 0
+    assert torch.isfinite(nonuniform).all() and not torch.equal(uniform, nonuniform)
+
+
+# ---- models it cannot serve, options it cannot honour -------------------------------------------------------------
+
+def test_dit_model_passes_through_with_a_message(pack, comfy_dir, caplog):
+    import comfy.ldm.flux.model
+    import comfy.model_patcher
+    import comfy.supported_models
+
+    flux_params = dict(
+        image_model="flux", in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=32, hidden_size=64,
+        mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=[8, 12, 12], theta=10000,
+        patch_size=2, qkv_bias=True, guidance_embed=False)
+    if "txt_ids_dims" in comfy.ldm.flux.model.FluxParams.__dataclass_fields__:  # ComfyUI 0.33+
+        flux_params["txt_ids_dims"] = []
+    config = comfy.supported_models.Flux(flux_params)
+    config.set_inference_dtype(torch.float32, None)
+    flux = comfy.model_patcher.ModelPatcher(config.get_model({}, device="meta"), torch.device("cpu"),
+                                            torch.device("cpu"))
+    with caplog.at_level(logging.INFO, logger="comfyui_accel"):
+        out = deepcache(pack, flux, 3, 0)
+    assert out is not flux and out.model is flux.model
+    assert not any("accel_deepcache" in w for w in out.wrappers.get("diffusion_model", {}))
+    event = pack.accel.telemetry.snapshot()["events"][-1]
+    assert (event["feature"], event["action"]) == ("deepcache", "unsupported") and "Flux" in event["reason"]
+    assert "Flux is not a ComfyUI UNetModel" in caplog.text and "passes through unchanged" in caplog.text
+
+
+def test_cache_depth_beyond_the_unet_uses_its_deepest_branch(pack, unet, caplog):
+    with caplog.at_level(logging.INFO, logger="comfyui_accel"):
+        model = deepcache(pack, unet, 3, 12)
+    event = pack.accel.telemetry.snapshot()["events"][-1]
+    assert event["action"] == "applied" and event["depth"] == 3  # the small UNet has 4 input blocks
+    assert "beyond this UNet's deepest branch 3" in caplog.text
+    assert model is not unet and not unet.wrappers.get("diffusion_model")  # the input model is untouched
+
+
+# ---- with Compile Model ---------------------------------------------------------------------------------------------
+
+@pytest.mark.skip(reason="needs Compile Model engine")
+@pytest.mark.parametrize("order", ["compile_then_deepcache", "deepcache_then_compile"])
+def test_with_compile_model_no_recompiles_after_the_first_run(pack, unet, order):
+    """Compile Model compiles the UNet's blocks from an APPLY_MODEL wrapper; DeepCache calls those blocks from
+    its DIFFUSION_MODEL wrapper with the full/shallow decision made outside them. After a first run has
+    compiled the full and the shallow path, further runs (another seed, same shapes) compile nothing.
+    Compiles are counted with Dynamo's own counter, as a change over what this test does."""
+    from torch._dynamo.utils import counters
+
+    compile_node = pack.nodes.compile_model.CompileModel()
+
+    def compiled(model):  # "always compiled": never the timed choice of eager, so both paths really run compiled
+        return compile_node.apply(model, "default", "static", "auto", "always compiled")[0]
+
+    def build():
+        if order == "compile_then_deepcache":
+            return deepcache(pack, compiled(unet), 3, 1)
+        return compiled(deepcache(pack, unet, 3, 1))
+
+    eager_deepcache = sample(deepcache(pack, unet, 3, 1), **run_a_kwargs())
+    model = build()
+    first = sample(model, **run_a_kwargs())  # compiles what this process has not compiled yet (kinds are shared)
+    report = last_run_report(pack)
+    assert (report["reused_steps"], report["shallow_calls"]) == (4, 4)
+    torch.testing.assert_close(first, eager_deepcache, rtol=1e-3, atol=1e-3)
+    after_first = counters["frames"]["ok"]
+    registry = pack.accel.compile.REGISTRY
+
+    def served():  # block calls answered by compiled code, and block calls that ran eagerly
+        kinds = registry.stats()["kinds"]
+        return sum(k["cache_hits"] for k in kinds), sum(sum(k["eager_calls"].values()) for k in kinds)
+
+    hits, eager_calls = served()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        second = sample(model, **{**run_a_kwargs(), "seed": 5})
+        sample(build(), **run_a_kwargs())  # a new clone of the same nodes: still nothing to compile
+    assert counters["frames"]["ok"] == after_first, "DeepCache made Compile Model recompile after the first run"
+    assert served()[0] > hits and served()[1] == eager_calls, "the blocks did not run compiled on every path"
+    assert torch.isfinite(second).all()
