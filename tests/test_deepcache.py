@@ -361,7 +361,6 @@ def test_cache_depth_beyond_the_unet_uses_its_deepest_branch(pack, unet, caplog)
 
 # ---- with Compile Model ---------------------------------------------------------------------------------------------
 
-@pytest.mark.skip(reason="needs Compile Model engine")
 @pytest.mark.parametrize("order", ["compile_then_deepcache", "deepcache_then_compile"])
 def test_with_compile_model_no_recompiles_after_the_first_run(pack, unet, order):
     """Compile Model compiles the UNet's blocks from an APPLY_MODEL wrapper; DeepCache calls those blocks from
