@@ -171,6 +171,21 @@ def to_features(images):
     return ((torch.nn.functional.avg_pool2d(images, 2) + 1.0) * 8.0).flatten(1).numpy()
 
 
+def save_grid(path: Path, settings: dict) -> None:
+    """One panel per setting, side by side: a row per digit, `per_class` images across, pixels 2x."""
+    import torch
+    from PIL import Image
+
+    panels = []
+    for images in settings.values():
+        rows = images.view(10, -1, SIZE, SIZE)  # digit, sample, h, w
+        panel = rows.permute(0, 2, 1, 3).reshape(10 * SIZE, -1)  # digits down, samples across
+        panels += [panel, torch.full((panel.shape[0], SIZE // 2), 1.0)]  # a white gap between panels
+    grid = ((torch.cat(panels[:-1], dim=1) + 1.0) * 127.5).clamp(0, 255).to(torch.uint8)
+    image = Image.fromarray(grid.numpy(), mode="L")
+    image.resize((image.width * 2, image.height * 2), Image.NEAREST).save(path)
+
+
 def psnr(a, b) -> float:
     """Mean PSNR over images, pixels mapped from [-1, 1] to [0, 1]."""
     mse = (((a - b) / 2.0) ** 2).flatten(1).mean(1)
@@ -190,6 +205,7 @@ def main() -> None:
     parser.add_argument("--sampler", default="euler")
     parser.add_argument("--depth", type=int, default=0, help="DeepCache branch")
     parser.add_argument("--intervals", type=int, nargs="+", default=[1, 2, 3, 5])
+    parser.add_argument("--grid", type=Path, help="also save the generated images as one PNG, a panel per interval")
     args = parser.parse_args()
     try:
         import sklearn  # noqa: F401
@@ -226,13 +242,14 @@ def main() -> None:
     real_accuracy = classifier.score(x_test, y_test)
     print(f"== classifier accuracy on held-out real digits: {real_accuracy:.3f}", flush=True)
 
-    rows, reference = {}, None
+    rows, reference, generated = {}, None, {}
     for n in args.intervals:
         model_n = patcher if n == 1 else pack.nodes.deepcache.DeepCache().apply(patcher, n, args.depth, 0.0, 1.0,
                                                                               "uniform")[0]
         start = time.perf_counter()
         images, wanted = generate(model_n, tokens, args.per_class, args.steps, args.cfg, args.sampler)
         seconds = time.perf_counter() - start
+        generated[n] = images
         if reference is None:
             reference = images  # the first setting (interval 1) is full compute
         accuracy = float((classifier.predict(to_features(images)) == wanted).mean())
@@ -257,6 +274,9 @@ def main() -> None:
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "deepcache_quality.json").write_text(json.dumps(result, indent=2))
+    if args.grid:
+        save_grid(args.grid, generated)
+        print(f"images: {args.grid} (intervals {', '.join(map(str, generated))}, left to right)")
 
 
 if __name__ == "__main__":
