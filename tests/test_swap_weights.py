@@ -296,12 +296,16 @@ def test_original_weights_are_spilled_once_when_the_loader_file_is_unknown(ws, a
     import gc
 
     import comfy.model_management
+    import comfy.sd
+    import comfy.utils
     import folder_paths
 
     spill_dir = os.path.join(folder_paths.get_temp_directory(), "accel-swap-weights")
     before = set(os.listdir(spill_dir)) if os.path.isdir(spill_dir) else set()
-    model = load(comfy_nodes, SMALL)
-    swapped = ws.swap_weights(model, ws.WeightsFile(file_path(SMALL_B)))  # no workflow: the loader's file is unknown
+    # Loaded from a state dict (as custom loaders do): its file is unknown, and a wrong guess (B's file as the
+    # original) is caught by the content check.
+    model = comfy.sd.load_diffusion_model_state_dict(comfy.utils.load_torch_file(file_path(SMALL)))
+    swapped = ws.swap_weights(model, ws.WeightsFile(file_path(SMALL_B)), origin_hints=[file_path(SMALL_B)])
     sample(swapped)
     first = events(accel_pack, "swapped")[-1]
     assert first["origin"] == "spill" and first["spilled"] == first["tensors"] == len(eager["weights_b"]), first
