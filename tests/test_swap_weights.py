@@ -102,6 +102,10 @@ def test_a_b_a_on_a_compiled_model_equals_eager_and_compiles_nothing(accel_pack,
     back_to_a = node_swap(accel_pack, to_b, SMALL)
     assert_close_to_eager(sample(back_to_a), eager["out_a"], "A -> B -> A")
     assert_close_to_eager(sample(to_b), eager["out_b"], "B again")
+    engine = accel_pack.accel.compile  # Swap Weights before Compile Model works the same
+    swap_then_compile = engine.compile_model(node_swap(accel_pack, compiled.parent, SMALL_B),
+                                             engine.CompileOptions(choose="always compiled"))
+    assert_close_to_eager(sample(swap_then_compile), eager["out_b"], "swap, then compile")
     assert dynamo_frames() == frames, "a swap compiled"
     swapped = events(accel_pack, "swapped")
     assert swapped and swapped[-1]["origin"] == "file", "the loader's file was not used for the original weights"
