@@ -129,12 +129,14 @@ class FileReader:
     def read(self, key: str) -> torch.Tensor:
         info = self.source.infos[key]
         buffer = torch.empty(info.end - info.start, dtype=torch.uint8)
-        if buffer.numel():
-            self.file.seek(info.start)
-            got = self.file.readinto(buffer.numpy())
-            if got != buffer.numel():
-                raise OSError(f"Swap Weights: {self.source.label} ended after {info.start + (got or 0)} bytes, "
-                              f"in the middle of tensor {info.file_key}: the file is truncated or being replaced.")
+        view, got = memoryview(buffer.numpy()), 0
+        self.file.seek(info.start)
+        while got < len(view):  # a single read returns at most ~2 GB on Linux
+            count = self.file.readinto(view[got:])
+            if not count:
+                raise OSError(f"Swap Weights: {self.source.label} ended after {info.start + got} bytes, in the "
+                              f"middle of tensor {info.file_key}: the file is truncated or being replaced.")
+            got += count
         return buffer.view(info.dtype).reshape(info.shape)
 
     def close(self) -> None:
