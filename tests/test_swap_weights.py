@@ -157,7 +157,7 @@ def test_mismatched_architecture_is_refused_and_the_model_is_unchanged(ws, compi
     text = str(err.value)
     assert text.startswith("Swap Weights: inpaint-like.safetensors does not fit this model (BaseModel")
     assert "of the model's weights are not in it (diffusion_model.middle_block.0.emb_layers.1.bias" in text
-    assert ("1 tensors have other shapes (diffusion_model.input_blocks.0.0.weight: [320, 9, 3, 3] here, "
+    assert ("1 tensor has another shape (diffusion_model.input_blocks.0.0.weight: [320, 9, 3, 3] here, "
             "[320, 4, 3, 3] in the model)") in text
     assert "Pick a file of the same architecture as the model" in text
     assert torch.equal(sample(compiled), before), "the refused swap changed the model's outputs"

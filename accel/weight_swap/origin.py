@@ -55,7 +55,7 @@ class SpillOrigin:
                                                "data_offsets": [offset, offset + size]}
             offset += size
         raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)  # keeps every tensor 8-byte aligned, as safetensors does
+        raw += b" " * (-len(raw) % 8)  # the header padded to 8 bytes, as safetensors writes it
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(len(raw).to_bytes(8, "little") + raw)
@@ -106,9 +106,9 @@ def _verified(path: str, origin_value, shapes: dict) -> WeightsFile | None:
         sample = keys[:: max(1, len(keys) // VERIFY_SAMPLES)][:VERIFY_SAMPLES] + keys[-1:]
         with weights.open() as reader:
             for key in sample:
-                current = origin_value(key)
+                current = origin_value(key).detach().cpu().contiguous()
                 loaded = reader.read(key).to(current.dtype)
-                if not torch.equal(loaded.view(-1).view(torch.uint8), current.detach().cpu().contiguous().view(-1).view(torch.uint8)):
+                if not torch.equal(loaded.view(-1).view(torch.uint8), current.view(-1).view(torch.uint8)):
                     log.info("[Accel] Swap Weights: %s is not this model's original (%s differs)", weights.label, key)
                     return None
         return weights
@@ -117,8 +117,9 @@ def _verified(path: str, origin_value, shapes: dict) -> WeightsFile | None:
         return None
 
 
-def resolve_origin(patcher, hints: list[str], origin_value, keep_alive_with) -> KnownOrigin | SpillOrigin:
-    """The store for this model's original weights: a verified source file, else a new spill file."""
+def resolve_origin(patcher, hints: list[str], origin_value, owner) -> KnownOrigin | SpillOrigin:
+    """The store for this model's original weights: a verified source file, else a new spill file, deleted when
+    `owner` (the model) is."""
     from .validate import model_shapes
 
     shapes = model_shapes(patcher)
@@ -137,7 +138,7 @@ def resolve_origin(patcher, hints: list[str], origin_value, keep_alive_with) -> 
     path = os.path.join(folder_paths.get_temp_directory(), "accel-swap-weights", name)
     layout = {key: (origin_value(key).dtype, shapes[key]) for key in shapes}
     spill = SpillOrigin(path, layout)
-    weakref.finalize(keep_alive_with, _remove, path)  # deleted with the model (and at exit)
+    weakref.finalize(owner, _remove, path)  # deleted with the model (and at exit)
     log.info("[Accel] Swap Weights: the file this model was loaded from is unknown; its original weights are "
              "spilled to %s as they are replaced", path)
     return spill

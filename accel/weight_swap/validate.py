@@ -15,6 +15,10 @@ def model_shapes(patcher) -> dict[str, tuple[int, ...]]:
     return {MODEL_PREFIX + k: tuple(v.shape) for k, v in state.items()}
 
 
+def _count(keys, one: str, many: str) -> str:
+    return f"{len(keys)} {one if len(keys) == 1 else many}"
+
+
 def _first(keys, describe=str) -> str:
     keys = sorted(keys)
     more = f" and {len(keys) - SHOW} more" if len(keys) > SHOW else ""
@@ -29,15 +33,17 @@ def check_fits(source, patcher) -> None:
     problems = []
     missing = params - source_keys
     if missing:
-        problems.append(f"{len(missing)} of the model's weights are not in it ({_first(missing)})")
+        told = _count(missing, "of the model's weights is", "of the model's weights are")
+        problems.append(f"{told} not in it ({_first(missing)})")
     unexpected = source_keys - set(shapes)
     if unexpected:
-        problems.append(f"{len(unexpected)} of its tensors are not in the model ({_first(unexpected)})")
+        told = _count(unexpected, "of its tensors is", "of its tensors are")
+        problems.append(f"{told} not in the model ({_first(unexpected)})")
     reshaped = {k for k in source_keys & set(shapes) if tuple(source.shape(k)) != shapes[k]}
     if reshaped:
-        problems.append(f"{len(reshaped)} tensors have other shapes ("
-                        + _first(reshaped, lambda k: f"{k}: {list(source.shape(k))} here, {list(shapes[k])} in the model")
-                        + ")")
+        told = _count(reshaped, "tensor has", "tensors have")
+        shapes_of = lambda k: f"{k}: {list(source.shape(k))} here, {list(shapes[k])} in the model"  # noqa: E731
+        problems.append(f"{told} another shape ({_first(reshaped, shapes_of)})")
     if problems:
         raise ValueError(
             f"Swap Weights: {source.label} does not fit this model ({type(patcher.model).__name__}, "
@@ -51,6 +57,6 @@ def check_fits(source, patcher) -> None:
     for key in sorted(source_keys):
         _, set_func, convert_func = get_key_weight(patcher.model, key)
         if set_func is not None or convert_func is not None:
-            raise ValueError(f"Swap Weights: {key} is stored in a converted or quantized format ({type(patcher.model).__name__} "
-                             "loaded with a weight dtype such as fp8 scaled); Swap Weights copies plain tensors only. "
-                             "Load the model in its default weight dtype.")
+            raise ValueError(f"Swap Weights: {key} is stored in a converted or quantized format (a model loaded "
+                             "with a weight dtype such as fp8 scaled); Swap Weights copies plain tensors only. Load "
+                             "the model in its default weight dtype.")
