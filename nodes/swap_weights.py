@@ -1,31 +1,83 @@
 from __future__ import annotations
 
-from .common import CATEGORY, pass_through
+from ..accel.weight_swap import WeightsFile, swap_from_model, swap_weights
+from .common import CATEGORY
 
 NO_FILE = "(use weights_model)"
+WEIGHT_FOLDERS = ("diffusion_models", "checkpoints")
+# Loader nodes whose file is the model's original weights: class_type -> (file input, model folder).
+LOADERS = {
+    "UNETLoader": ("unet_name", "diffusion_models"),
+    "CheckpointLoaderSimple": ("ckpt_name", "checkpoints"),
+    "CheckpointLoader": ("ckpt_name", "checkpoints"),
+}
+MODEL_INPUTS = ("model", "model1")  # the input a MODEL -> MODEL node builds its output on
 
 
 def weight_files():
     import folder_paths  # ComfyUI's own model folder registry
 
-    return [NO_FILE] + folder_paths.get_filename_list("diffusion_models") + folder_paths.get_filename_list("checkpoints")
+    return [NO_FILE] + [name for folder in WEIGHT_FOLDERS for name in folder_paths.get_filename_list(folder)]
+
+
+def weights_path(name: str) -> str:
+    import folder_paths
+
+    for folder in WEIGHT_FOLDERS:
+        path = folder_paths.get_full_path(folder, name)
+        if path:
+            return path
+    raise ValueError(f"Swap Weights: {name} is not in ComfyUI's diffusion_models or checkpoints folders.")
+
+
+def upstream_loader_file(prompt: dict | None, node_id) -> str | None:
+    """The file of the loader that the workflow's model input comes from, through MODEL -> MODEL nodes (LoRA
+    loaders, Compile Model...). ComfyUI's nodes never change a model's base weights (they patch clones), so this is
+    the file the model's original weights can be re-read from instead of being kept in memory. Only a hint: the
+    engine checks it against the weights before relying on it."""
+    import folder_paths
+
+    node = (prompt or {}).get(str(node_id)) if node_id is not None else None
+    for _ in range(64):
+        inputs = (node or {}).get("inputs", {})
+        link = next((inputs[name] for name in MODEL_INPUTS if isinstance(inputs.get(name), list)), None)
+        if not link:
+            return None
+        node = prompt.get(str(link[0]))
+        loader = LOADERS.get((node or {}).get("class_type"))
+        if loader:
+            name = node.get("inputs", {}).get(loader[0])
+            return folder_paths.get_full_path(loader[1], name) if isinstance(name, str) else None
+    return None
 
 
 class SwapWeights:
     DISPLAY_NAME = "Swap Weights (Accel)"
     CATEGORY = CATEGORY
     DESCRIPTION = ("Gives the model the weights of another file or MODEL of the same architecture while keeping its "
-                   "compiled graphs, patches and wrappers.")
+                   "compiled graphs, patches and wrappers. The weights are streamed in, tensor by tensor, when the "
+                   "model loads: one weight copy, no recompile, never two models in memory.")
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "apply"
 
     @classmethod
     def INPUT_TYPES(cls):
         return {
-            "required": {"model": ("MODEL",), "weights_file": (weight_files(),)},
-            "optional": {"weights_model": ("MODEL",)},
+            "required": {"model": ("MODEL",), "weights_file": (weight_files(), {
+                "tooltip": "A checkpoint or diffusion-model file of the same architecture as the model."})},
+            "optional": {"weights_model": ("MODEL", {
+                "tooltip": "Or another MODEL's weights (set weights_file to '(use weights_model)')."})},
+            "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"},
         }
 
-    def apply(self, model, weights_file, weights_model=None):
-        return (pass_through("swap_weights", self.DISPLAY_NAME, model, weights_file=weights_file,
-                             weights_model="connected" if weights_model is not None else None),)
+    def apply(self, model, weights_file, weights_model=None, prompt=None, unique_id=None):
+        if weights_file != NO_FILE and weights_model is not None:
+            raise ValueError(f"Swap Weights: both weights_file ({weights_file}) and weights_model are given; set "
+                             f"weights_file to '{NO_FILE}' to use weights_model, or disconnect weights_model.")
+        hints = [upstream_loader_file(prompt, unique_id)]
+        if weights_file == NO_FILE:
+            if weights_model is None:
+                raise ValueError(f"Swap Weights: pick a weights_file, or connect weights_model and keep "
+                                 f"'{NO_FILE}'.")
+            return (swap_from_model(model, weights_model, hints),)
+        return (swap_weights(model, WeightsFile(weights_path(weights_file), label=weights_file), hints),)

@@ -1,0 +1,16 @@
+"""Swap Weights engine: another checkpoint's weights into a (compiled) model, as one in-place weight copy.
+
+Public entry points:
+- `WeightsFile(path)`: a safetensors checkpoint or diffusion-model file, indexed from its header.
+- `ModelWeights(patcher)`: another MODEL's base weights.
+- `swap_weights(patcher, source, origin_hints)`: a clone that loads with `source`'s weights; raises ValueError
+  (nothing changed) when they do not fit. `swap_from_model(patcher, weights_model)`: the same from a MODEL.
+- `SWAP_LOCK`: held by every swap, process-wide.
+
+How it works: ledger.py (the swap and its journal in ComfyUI's backup), origin.py (the original weights, on disk),
+sources.py (streaming reads), validate.py (the architecture check), patcher.py (ComfyUI hooks).
+"""
+from .patcher import SWAP_LOCK, plan_of, swap_from_model, swap_weights
+from .sources import ModelWeights, WeightsFile
+
+__all__ = ["SWAP_LOCK", "ModelWeights", "WeightsFile", "plan_of", "swap_from_model", "swap_weights"]

@@ -1,0 +1,124 @@
+"""Swap Weights on a ComfyUI ModelPatcher, through ComfyUI's public extension points only.
+
+`swap_weights(patcher, source)` checks the source against the model (nothing changes when it does not fit) and
+returns a clone that carries the swap: an attachment naming the source, a new weight identity (`patches_uuid`, so
+ComfyUI re-patches when it loads, as for a LoRA), an ON_LOAD callback that streams the new weights in (ledger.py)
+and a PREPARE_SAMPLING wrapper that keeps them in place between swapped clones. The input patcher is untouched;
+attachments, callbacks and wrappers follow the clone through LoRA loaders, Compile Model and other nodes.
+
+The swap itself happens when ComfyUI loads the clone, so it always meets the model in its current load state
+(loaded, partially loaded, unloaded) and a swap of an unloaded model waits for the load that needs it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from .. import telemetry
+from .ledger import ledger_for
+from .sources import ModelWeights, WeightsFile
+from .validate import check_fits
+
+log = logging.getLogger("comfyui_accel")
+KEY = "accel.swap_weights"
+# One swap at a time in the whole process: queued prompts, API calls and threads never interleave two swaps
+# (re-entrant: the ON_LOAD swap runs inside the PREPARE_SAMPLING wrapper's hold).
+SWAP_LOCK = threading.RLock()
+
+
+@dataclass
+class SwapPlan:
+    source: WeightsFile | ModelWeights
+    origin_hints: list[str] = field(default_factory=list)  # files the model was probably loaded from
+
+
+def swap_weights(patcher, source, origin_hints: list[str] | None = None):
+    """A clone of `patcher` whose base weights become `source`'s when ComfyUI loads it. Raises ValueError, with
+    the input untouched, when the source does not fit the model."""
+    import comfy.patcher_extension as ext
+
+    patcher = _non_dynamic(patcher)
+    check_fits(source, patcher)
+    out = _without_swap(patcher)
+    out.set_attachments(KEY, SwapPlan(source, list(origin_hints or [])))
+    out.add_callback_with_key(ext.CallbacksMP.ON_LOAD, KEY, _on_load)
+    out.add_wrapper_with_key(ext.WrappersMP.PREPARE_SAMPLING, KEY, _prepare_sampling)
+    telemetry.record("swap_weights", "prepared", source=source.label, kind=source.kind)
+    log.info("[Accel] Swap Weights: %s fits the model; its weights are streamed in when the model loads", source.label)
+    return out
+
+
+def swap_from_model(patcher, weights_model, origin_hints: list[str] | None = None):
+    """Swap to another MODEL's base weights. A swapped MODEL gives its source; a clone of the same model gives the
+    original weights back."""
+    plan = weights_model.get_attachment(KEY)
+    if plan is not None:
+        return swap_weights(patcher, plan.source, origin_hints)
+    if weights_model.model is patcher.model:
+        telemetry.record("swap_weights", "prepared", source="original weights", kind="origin")
+        return _without_swap(patcher)
+    return swap_weights(patcher, ModelWeights(weights_model), origin_hints)
+
+
+def plan_of(patcher) -> SwapPlan | None:
+    return patcher.get_attachment(KEY)
+
+
+def _without_swap(patcher):
+    """A clone with no swap of ours and a weight identity of its own: ComfyUI re-patches its weights when it loads,
+    the rule `add_patches` follows, so it never reuses weights another clone left in place."""
+    import comfy.patcher_extension as ext
+
+    out = patcher.clone()
+    out.remove_attachments(KEY)
+    out.remove_callbacks_with_key(ext.CallbacksMP.ON_LOAD, KEY)
+    out.remove_wrappers_with_key(ext.WrappersMP.PREPARE_SAMPLING, KEY)
+    out.patches_uuid = uuid.uuid4()
+    return out
+
+
+def _non_dynamic(patcher):
+    # Newer ComfyUI on NVIDIA streams weights per op from host memory (dynamic VRAM); an in-place swap needs
+    # ordinary resident parameters, so such a model is rebuilt as a regular one, as core TorchCompileModel does.
+    if getattr(patcher, "is_dynamic", None) and patcher.is_dynamic():
+        log.info("[Accel] Swap Weights: using a non-dynamic copy of the model (dynamic VRAM streams weights per op)")
+        return patcher.clone(disable_dynamic=True)
+    return patcher
+
+
+def _on_load(patcher, device_to, lowvram_model_memory, force_patch_weights, full_load):
+    plan = plan_of(patcher)
+    if plan is None:
+        return
+    with SWAP_LOCK:
+        ledger = ledger_for(patcher)
+        ledger.last = {}
+        try:
+            stats = ledger.sync(patcher, plan.source, plan.origin_hints, force_patch_weights)
+        except BaseException as err:
+            telemetry.record("swap_weights", "rolled_back", source=plan.source.label,
+                             tensors_done=ledger.last.get("tensors", 0), reason=f"{type(err).__name__}: {err}"[:300])
+            log.warning("[Accel] Swap Weights: swapping in %s stopped (%s: %s); the model's original weights "
+                        "are restored", plan.source.label, type(err).__name__, err)
+            raise
+    if stats["tensors"]:
+        telemetry.record("swap_weights", "swapped", **stats)
+        log.info("[Accel] Swap Weights: %s in %.2f s (%d tensors, %.0f MB%s)", stats["source"], stats["seconds"],
+                 stats["tensors"], stats["bytes"] / 2**20,
+                 f"; {stats['spilled']} originals spilled to disk" if stats["spilled"] else "")
+
+
+def _prepare_sampling(executor, model, *args, **kwargs):
+    """Around ComfyUI's model loading for a sampling run: hold the swap lock, and keep a swapped base that this
+    clone also wants in place across ComfyUI's unpatch."""
+    with SWAP_LOCK:
+        ledger = ledger_for(model) if plan_of(model) is not None else None
+        try:
+            if ledger is not None and ledger.origin is not None:
+                ledger.park(model)
+            return executor(model, *args, **kwargs)
+        finally:
+            if ledger is not None:
+                ledger.unpark()

@@ -1,0 +1,230 @@
+"""Swap Weights against stock ComfyUI switching checkpoints on a compiled model, side by side in one run.
+
+Full-size SD1.5 UNets (accel-sd15-a, then accel-sd15-b), CPU. Each variant runs in a fresh process (honest RSS,
+empty inductor cache of its own):
+
+- read-copy:   load A, then read B tensor by tensor (safetensors safe_open) and copy it into A's parameters: the
+               time to read and copy the weights alone, the floor for any switch.
+- stock:       A through UNETLoader + TorchCompileModel, sampled; the switch is a second UNETLoader for B,
+               TorchCompileModel, load and first sample (ComfyUI now holds both models).
+- accel:       A through UNETLoader + Compile Model, sampled; the switch is the Swap Weights node (in a workflow,
+               so it finds A's file and spills nothing), load and first sample; then back to A's own model.
+- accel-spill: the same, with A's file unknown to the node: A's weights are spilled to disk as they are replaced.
+
+Reported per variant: switch time (node and load: `switch_load_s`; plus the first sample: `switch_total_s`),
+Dynamo compiles during the switch, steady RSS of one model, peak RSS during the switch (the kernel's high-water
+mark, reset just before it) and RSS after it. On an NVIDIA GPU the same would be wanted in reduce-overhead mode with
+VRAM numbers; this script measures the CPU only.
+
+    .venv/bin/python bench/swap_weights.py [--steps 2] [--latent 16] [--variants read-copy,stock,accel,accel-spill]
+    # smoke run on the small test models:
+    .venv/bin/python bench/swap_weights.py --a accel-sd15-small.safetensors --b accel-sd15-small-b.safetensors
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+
+VARIANTS = ("read-copy", "stock", "accel", "accel-spill")
+
+
+def status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def rss_mib() -> float:
+    gc.collect()
+    return status_kib("VmRSS") / 1024
+
+
+def reset_peak() -> None:
+    """Start the kernel's RSS high-water mark (VmHWM) afresh, so it measures what follows alone."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_mib() -> float:
+    return status_kib("VmHWM") / 1024
+
+
+def load_pack():
+    import asyncio
+
+    import nodes
+
+    from tools.comfy_env import PACK_LINK_NAME, comfyui_dir
+
+    link = comfyui_dir() / "custom_nodes" / PACK_LINK_NAME
+    path = str(link if link.exists() and link.resolve() == ROOT else ROOT)
+    assert asyncio.run(nodes.load_custom_node(path)), "ComfyUI failed to load the pack"
+    return sys.modules[path.replace(".", "_x_")]
+
+
+def run_variant(variant: str, name_a: str, name_b: str, steps: int, latent: int) -> dict:
+    """Inside the variant's own process."""
+    from tools.comfy_env import import_comfyui
+
+    import_comfyui(cpu=True)
+    import comfy.model_management
+    import comfy.sample
+    import comfy.utils
+    import folder_paths
+    import nodes
+    import torch
+    from torch._dynamo.utils import counters
+
+    context = torch.randn(1, 77, 768, generator=torch.Generator().manual_seed(0))
+
+    def sample(model) -> float:
+        start = time.perf_counter()
+        latent_image = torch.zeros(1, 4, latent, latent)
+        comfy.sample.sample(model, comfy.sample.prepare_noise(latent_image, 0), steps, 7.0, "euler", "normal",
+                            [[context, {}]], [[torch.zeros_like(context), {}]], latent_image, disable_pbar=True, seed=0)
+        return time.perf_counter() - start
+
+    (model_a,) = nodes.UNETLoader().load_unet(name_a, "default")
+    result = {"variant": variant}
+    if variant == "read-copy":
+        comfy.model_management.load_models_gpu([model_a])
+        result["steady_rss_mib"] = rss_mib()
+        reset_peak()
+        start = time.perf_counter()
+        import safetensors
+
+        prefix = "model.diffusion_model."
+        with safetensors.safe_open(folder_paths.get_full_path("diffusion_models", name_b), "pt") as f:
+            for key in f.keys():
+                module_key = "diffusion_model." + (key[len(prefix):] if key.startswith(prefix) else key)
+                comfy.utils.copy_to_param(model_a.model, module_key, f.get_tensor(key))
+        result["read_copy_s"] = time.perf_counter() - start
+        result["peak_rss_during_mib"] = peak_mib()
+        return result
+
+    if variant == "stock":
+        from comfy_extras.nodes_torch_compile import TorchCompileModel
+
+        def compiled(model):
+            return TorchCompileModel.execute(model, "inductor").result[0]
+    else:
+        pack = load_pack()
+        engine = pack.accel.compile
+
+        def compiled(model):
+            return engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
+
+    model_a = compiled(model_a)
+    result["first_sample_a_s"] = sample(model_a)  # compiles
+    result["steady_sample_s"] = sample(model_a)
+    result["steady_rss_mib"] = rss_mib()
+    frames = counters["frames"]["ok"]
+
+    reset_peak()
+    start = time.perf_counter()
+    if variant == "stock":
+        (model_b,) = nodes.UNETLoader().load_unet(name_b, "default")
+        model_b = compiled(model_b)
+    else:
+        workflow = {  # what ComfyUI passes the node as its hidden PROMPT input
+            "1": {"class_type": "UNETLoader", "inputs": {"unet_name": name_a, "weight_dtype": "default"}},
+            "2": {"class_type": "AccelCompileModel", "inputs": {"model": ["1", 0]}},
+            "3": {"class_type": "AccelSwapWeights", "inputs": {"model": ["2", 0], "weights_file": name_b}},
+        }
+        node = pack.nodes.swap_weights.SwapWeights()
+        model_b = node.apply(model_a, name_b, prompt=workflow if variant == "accel" else None, unique_id="3")[0]
+    comfy.model_management.load_models_gpu([model_b])
+    result["switch_load_s"] = time.perf_counter() - start
+    result["first_sample_b_s"] = sample(model_b)
+    result["switch_total_s"] = time.perf_counter() - start
+    result["compiles_during_switch"] = counters["frames"]["ok"] - frames
+    result["peak_rss_during_mib"] = peak_mib()
+    result["rss_after_mib"] = rss_mib()
+    result["steady_sample_b_s"] = sample(model_b)
+    if variant != "stock":
+        swaps = [e for e in pack.accel.telemetry.snapshot()["events"] if e["action"] == "swapped"]
+        result["swap"] = {k: swaps[-1][k] for k in ("seconds", "tensors", "bytes", "spilled", "origin")}
+        # and back: the input model again (ComfyUI restores A's weights from the file, or the spill)
+        reset_peak()
+        start = time.perf_counter()
+        comfy.model_management.load_models_gpu([model_a])
+        result["back_to_a_load_s"] = time.perf_counter() - start
+        result["back_peak_rss_mib"] = peak_mib()
+        result["back_rss_after_mib"] = rss_mib()
+        result["compiles_during_switch_and_back"] = counters["frames"]["ok"] - frames
+    return result
+
+
+def ratios(by: dict) -> dict:
+    out = {}
+    accel, stock, floor = by.get("accel"), by.get("stock"), by.get("read-copy")
+    for name, run in by.items():
+        if "peak_rss_during_mib" in run and "steady_rss_mib" in run and name != "read-copy":
+            out[f"{name}_peak_rss_vs_steady"] = run["peak_rss_during_mib"] / run["steady_rss_mib"]
+            out[f"{name}_rss_after_vs_steady"] = run["rss_after_mib"] / run["steady_rss_mib"]
+    if accel and floor:
+        out["accel_swap_load_vs_read_copy"] = accel["switch_load_s"] / floor["read_copy_s"]  # target <= 1.5
+    if accel and stock:
+        out["accel_switch_vs_stock_switch"] = accel["switch_total_s"] / stock["switch_total_s"]  # target <= 1.0
+    if by.get("accel-spill") and floor:
+        out["accel_spill_swap_load_vs_read_copy"] = by["accel-spill"]["switch_load_s"] / floor["read_copy_s"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", default="accel-sd15-a.safetensors")
+    parser.add_argument("--b", default="accel-sd15-b.safetensors")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--latent", type=int, default=16)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(run_variant(args.child, args.a, args.b, args.steps, args.latent)), flush=True)
+        return
+
+    import torch
+
+    from tools.comfy_env import comfyui_version
+
+    results = []
+    for variant in args.variants.split(","):
+        with tempfile.TemporaryDirectory(prefix="accel-bench-inductor-") as cache:
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+            proc = subprocess.run([sys.executable, __file__, "--child", variant, "--a", args.a, "--b", args.b,
+                                   "--steps", str(args.steps), "--latent", str(args.latent)],
+                                  capture_output=True, text=True, env=env)
+        line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+        if proc.returncode or not line:
+            raise SystemExit(f"{variant} failed:\n{proc.stderr[-4000:]}")
+        results.append(json.loads(line[0][len("RESULT "):]))
+        print(json.dumps(results[-1]), flush=True)
+
+    report = {
+        "benchmark": "swap_weights", "a": args.a, "b": args.b, "latent": args.latent, "cfg_batch": 2,
+        "steps": args.steps, "results": results, "ratios": ratios({r["variant"]: r for r in results}),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU", "torch": torch.__version__,
+        "comfyui": comfyui_version(), "python": platform.python_version(),
+    }
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "swap_weights.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report["ratios"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
