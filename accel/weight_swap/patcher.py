@@ -103,8 +103,9 @@ def _on_load(patcher, device_to, lowvram_model_memory, force_patch_weights, full
             log.warning("[Accel] Swap Weights: swapping in %s stopped (%s: %s); the model's original weights "
                         "are restored", plan.source.label, type(err).__name__, err)
             raise
+        if stats["tensors"]:  # recorded under the lock: event times never overlap another swap's
+            telemetry.record("swap_weights", "swapped", **stats)
     if stats["tensors"]:
-        telemetry.record("swap_weights", "swapped", **stats)
         log.info("[Accel] Swap Weights: %s in %.2f s (%d tensors, %.0f MB%s)", stats["source"], stats["seconds"],
                  stats["tensors"], stats["bytes"] / 2**20,
                  f"; {stats['spilled']} originals spilled to disk" if stats["spilled"] else "")
