@@ -259,7 +259,7 @@ def main() -> None:
         print(f"  interval {n}: PSNR {rows[n]['psnr_vs_full']:.2f} dB, accuracy {accuracy:.3f}, {seconds:.1f} s",
               flush=True)
 
-    print(f"\n| interval | PSNR vs full (dB) | classifier accuracy | steps reused | UNet compute skipped (FLOPs) |")
+    print("\n| interval | PSNR vs full (dB) | classifier accuracy | steps reused | UNet compute skipped (FLOPs) |")
     print("| --- | --- | --- | --- | --- |")
     for n, row in rows.items():
         p = "reference" if math.isinf(row["psnr_vs_full"]) else f"{row['psnr_vs_full']:.2f}"

@@ -7,6 +7,12 @@ SMALL = "accel-sd15-small.safetensors"
 SMALL_B = "accel-sd15-small-b.safetensors"
 
 
+def load(comfy_nodes, name: str = SMALL):
+    """A UNet file through ComfyUI's own UNETLoader node."""
+    (model,) = comfy_nodes.UNETLoader().load_unet(name, "default")
+    return model
+
+
 def dynamo_frames() -> int:
     """Dynamo's own count of compiled frames (compiles and recompiles) in this process."""
     from torch._dynamo.utils import counters

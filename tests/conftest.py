@@ -35,6 +35,14 @@ def comfy_dir() -> Path:
     return import_comfyui(cpu=True)
 
 
+@pytest.fixture(scope="session")
+def comfy_nodes(comfy_dir):
+    """ComfyUI's own node classes (UNETLoader, LoraLoader, KSampler, ...)."""
+    import nodes
+
+    return nodes
+
+
 def pack_path(comfy_dir: Path) -> Path:
     link = comfy_dir / "custom_nodes" / PACK_LINK_NAME
     return link if link.exists() and link.resolve() == ROOT else ROOT

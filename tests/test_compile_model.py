@@ -9,24 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compile_helpers import SMALL, SMALL_B, apply_model, assert_close_to_eager, dynamo_frames, sample
+from compile_helpers import SMALL_B, apply_model, assert_close_to_eager, dynamo_frames, load, sample
 
 
 @pytest.fixture(scope="module")
 def engine(accel_pack):
     return accel_pack.accel.compile
 
-
-@pytest.fixture(scope="module")
-def comfy_nodes(comfy_dir):
-    import nodes
-
-    return nodes
-
-
-def load(comfy_nodes, name=SMALL):
-    (model,) = comfy_nodes.UNETLoader().load_unet(name, "default")
-    return model
 
 
 @pytest.fixture(scope="module")

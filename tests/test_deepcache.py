@@ -155,7 +155,6 @@ def test_shallow_path_equals_full_path_on_the_same_input(pack, unet, depth):
     patched.set_model_input_block_patch(input_patch)
     patched.set_model_output_block_patch(output_patch)
     model = deepcache(pack, patched, interval=2, depth=depth)
-    diffusion_model = model.model.diffusion_model
     gen = torch.Generator().manual_seed(depth)
     x = torch.randn(2, 4, 16, 16, generator=gen)
     t = torch.tensor([500.0, 500.0])

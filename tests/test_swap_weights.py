@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 
-from compile_helpers import SMALL, SMALL_B, apply_model, assert_close_to_eager, dynamo_frames, sample
+from compile_helpers import SMALL, SMALL_B, apply_model, assert_close_to_eager, dynamo_frames, load, sample
 
 LORA, LORA_2 = "accel-sd15-lora.safetensors", "accel-sd15-lora-2.safetensors"
 
@@ -23,17 +23,6 @@ LORA, LORA_2 = "accel-sd15-lora.safetensors", "accel-sd15-lora-2.safetensors"
 def ws(accel_pack):
     return accel_pack.accel.weight_swap
 
-
-@pytest.fixture(scope="module")
-def comfy_nodes(comfy_dir):
-    import nodes
-
-    return nodes
-
-
-def load(comfy_nodes, name=SMALL):
-    (model,) = comfy_nodes.UNETLoader().load_unet(name, "default")
-    return model
 
 
 def lora(comfy_nodes, model, name, strength):

@@ -53,10 +53,8 @@ def node_timings(server: ComfyServer, graph: dict) -> tuple[dict, dict, float]:
 
 
 def describe(event: dict) -> str:
-    options = ", ".join(f"{k}={v}" for k, v in (event.get("options") or {}).items())
-    if event["action"] == "passed_through":
-        return f"pass-through in this version (the model runs as it is; options: {options})"
-    return f"{event['action']} ({options})"
+    details = event.get("options") or {k: v for k, v in event.items() if k not in ("time", "feature", "action")}
+    return f"{event['action']} ({', '.join(f'{k}={v}' for k, v in details.items())})"
 
 
 
@@ -80,11 +78,9 @@ def main() -> None:
                     print(f"  image: {image.name} ({image.stat().st_size} bytes)")
             stats = server.get_json("/accel/stats")
         print("\nwhat the pack did (GET /accel/stats):")
-        seen = set()
-        for event in stats["events"]:
-            if event["feature"] not in seen:
-                seen.add(event["feature"])
-                print(f"  {event['feature']}: {describe(event)}")
+        latest = {(event["feature"], event["action"]): event for event in stats["events"]}
+        for (feature, _), event in sorted(latest.items()):
+            print(f"  {feature}: {describe(event)}")
         print(f"  counters: {json.dumps(stats['counters'])}")
         compiled = stats["compile"]
         totals = compiled["totals"]
