@@ -15,25 +15,24 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from fresh_process import run_variants  # noqa: E402
 
 SWEEP_SIZES = (24, 40, 48)
 
 
 def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
     """Inside the variant's own process."""
-    import asyncio
+    from tools.comfy_env import import_comfyui, load_pack
 
-    from tools.comfy_env import import_comfyui
-
-    comfy_dir = import_comfyui(cpu=True)
+    import_comfyui(cpu=True)
     import comfy.sample
     import nodes
     import torch
@@ -45,9 +44,7 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
 
         model = TorchCompileModel.execute(model, "inductor").result[0]
     elif variant.startswith("accel"):
-        pack_dir = str(comfy_dir / "custom_nodes" / "comfyui-accel")
-        assert asyncio.run(nodes.load_custom_node(pack_dir))
-        engine = sys.modules[pack_dir.replace(".", "_x_") + ".accel.compile"]
+        engine = load_pack().accel.compile
         choose = "always compiled" if variant == "accel-compiled" else "auto"
         model = engine.compile_model(model, engine.CompileOptions(choose=choose))
 
@@ -96,19 +93,8 @@ def main() -> None:
 
     from tools.comfy_env import comfyui_version
 
-    results = []
-    for variant in args.variants.split(","):
-        with tempfile.TemporaryDirectory(prefix="accel-bench-inductor-") as cache:
-            # Each variant gets an empty inductor cache of its own, so "cold" means cold for every variant.
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-            proc = subprocess.run([sys.executable, __file__, "--child", variant, "--model", args.model,
-                                   "--steps", str(args.steps), "--latent", str(args.latent)],
-                                  capture_output=True, text=True, env=env)
-        line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-        if proc.returncode or not line:
-            raise SystemExit(f"{variant} failed:\n{proc.stderr[-4000:]}")
-        results.append(json.loads(line[0][len("RESULT "):]))
-        print(json.dumps(results[-1]), flush=True)
+    results = run_variants(__file__, args.variants.split(","), ["--model", args.model, "--steps", str(args.steps),
+                                                                "--latent", str(args.latent)])
 
     by = {r["variant"]: r for r in results}
     report = {

@@ -17,7 +17,6 @@ Needs scikit-learn (bench/requirements.txt). Results: bench/results/deepcache_qu
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 
-from tools.comfy_env import PACK_LINK_NAME, comfyui_version, import_comfyui  # noqa: E402
+from tools.comfy_env import comfyui_version, import_comfyui, load_pack  # noqa: E402
 
 WEIGHTS = ROOT / "bench" / "assets" / "digits_unet.safetensors"
 SIZE = 16  # the 8x8 digits, upsampled
@@ -135,16 +134,6 @@ def train(steps: int, batch: int, seed: int = 0) -> dict:
     out = {f"diffusion_model.{k}": v.contiguous() for k, v in ema.items()}
     out["class_tokens"] = ema_tokens.contiguous()
     return out
-
-
-def load_pack():
-    import nodes
-
-    link = Path(import_comfyui(cpu=True)) / "custom_nodes" / PACK_LINK_NAME
-    path = str(link if link.exists() and link.resolve() == ROOT else ROOT)
-    if not asyncio.run(nodes.load_custom_node(path)):
-        raise SystemExit("ComfyUI failed to load the pack")
-    return sys.modules[path.replace(".", "_x_")]
 
 
 def generate(patcher, tokens, per_class: int, steps: int, cfg: float, sampler: str):

@@ -17,7 +17,6 @@ on one configuration; medians are reported. Results: bench/results/deepcache_spe
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -30,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 
-from tools.comfy_env import PACK_LINK_NAME, comfyui_version, import_comfyui  # noqa: E402
+from tools.comfy_env import comfyui_version, import_comfyui, load_pack  # noqa: E402
 
 SD15_DIFFUSERS = dict(  # diffusers' names for the SD1.5 UNet configuration (tools/make_models.py SD15_FULL)
     sample_size=64, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280, 1280),
@@ -38,17 +37,6 @@ SD15_DIFFUSERS = dict(  # diffusers' names for the SD1.5 UNet configuration (too
     up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
     cross_attention_dim=768, attention_head_dim=8,
 )
-
-
-def load_pack():
-    """The pack, loaded by ComfyUI's own custom-node loader (as ComfyUI and the tests do)."""
-    import nodes
-
-    link = Path(import_comfyui(cpu=True)) / "custom_nodes" / PACK_LINK_NAME
-    path = str(link if link.exists() and link.resolve() == ROOT else ROOT)
-    if not asyncio.run(nodes.load_custom_node(path)):
-        raise SystemExit("ComfyUI failed to load the pack")
-    return sys.modules[path.replace(".", "_x_")]
 
 
 def machine() -> str:

@@ -27,14 +27,15 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from fresh_process import run_variants  # noqa: E402
 
 VARIANTS = ("read-copy", "stock", "accel", "accel-spill")
 
@@ -62,22 +63,9 @@ def peak_mib() -> float:
     return status_kib("VmHWM") / 1024
 
 
-def load_pack():
-    import asyncio
-
-    import nodes
-
-    from tools.comfy_env import PACK_LINK_NAME, comfyui_dir
-
-    link = comfyui_dir() / "custom_nodes" / PACK_LINK_NAME
-    path = str(link if link.exists() and link.resolve() == ROOT else ROOT)
-    assert asyncio.run(nodes.load_custom_node(path)), "ComfyUI failed to load the pack"
-    return sys.modules[path.replace(".", "_x_")]
-
-
 def run_variant(variant: str, name_a: str, name_b: str, steps: int, latent: int) -> dict:
     """Inside the variant's own process."""
-    from tools.comfy_env import import_comfyui
+    from tools.comfy_env import import_comfyui, load_pack
 
     import_comfyui(cpu=True)
     import comfy.model_management
@@ -201,18 +189,8 @@ def main() -> None:
 
     from tools.comfy_env import comfyui_version
 
-    results = []
-    for variant in args.variants.split(","):
-        with tempfile.TemporaryDirectory(prefix="accel-bench-inductor-") as cache:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-            proc = subprocess.run([sys.executable, __file__, "--child", variant, "--a", args.a, "--b", args.b,
-                                   "--steps", str(args.steps), "--latent", str(args.latent)],
-                                  capture_output=True, text=True, env=env)
-        line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-        if proc.returncode or not line:
-            raise SystemExit(f"{variant} failed:\n{proc.stderr[-4000:]}")
-        results.append(json.loads(line[0][len("RESULT "):]))
-        print(json.dumps(results[-1]), flush=True)
+    results = run_variants(__file__, args.variants.split(","), ["--a", args.a, "--b", args.b, "--steps",
+                                                                str(args.steps), "--latent", str(args.latent)])
 
     report = {
         "benchmark": "swap_weights", "a": args.a, "b": args.b, "latent": args.latent, "cfg_batch": 2,

@@ -5,7 +5,6 @@ ComfyUI or torch.
 """
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from tools.comfy_env import PACK_LINK_NAME, comfyui_version, import_comfyui  # noqa: E402
+from tools.comfy_env import comfyui_version, import_comfyui, load_pack  # noqa: E402
 from tools.comfy_server import ComfyServer  # noqa: E402
 
 
@@ -43,19 +42,10 @@ def comfy_nodes(comfy_dir):
     return nodes
 
 
-def pack_path(comfy_dir: Path) -> Path:
-    link = comfy_dir / "custom_nodes" / PACK_LINK_NAME
-    return link if link.exists() and link.resolve() == ROOT else ROOT
-
-
 @pytest.fixture(scope="session")
 def accel_pack(comfy_dir):
     """The pack as ComfyUI loads it from custom_nodes (its module, with `accel` and `nodes` below it)."""
-    import nodes
-
-    path = str(pack_path(comfy_dir))
-    assert asyncio.run(nodes.load_custom_node(path)), "ComfyUI failed to load the pack (see the log above)"
-    return sys.modules[path.replace(".", "_x_")]
+    return load_pack()
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ Everything goes through ComfyUI's own loader and sampler (`comfy.sample.sample`,
 """
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
@@ -78,14 +77,9 @@ def run_a(pack, model):
 def load_pack():
     """ComfyUI in this process, and the pack loaded by ComfyUI's own custom-node loader (as conftest does)."""
     sys.path.append(str(ROOT))
-    from tools.comfy_env import PACK_LINK_NAME, import_comfyui
+    from tools.comfy_env import load_pack as load
 
-    link = import_comfyui(cpu=True) / "custom_nodes" / PACK_LINK_NAME
-    path = str(link if link.exists() and link.resolve() == ROOT else ROOT)
-    import nodes
-
-    assert asyncio.run(nodes.load_custom_node(path))
-    return sys.modules[path.replace(".", "_x_")]
+    return load()
 
 
 if __name__ == "__main__":

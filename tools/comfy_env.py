@@ -48,3 +48,23 @@ def comfyui_version(path: Path | None = None) -> str:
     path = path or comfyui_dir()
     text = (path / "comfyui_version.py").read_text()
     return text.split("__version__")[1].split('"')[1]
+
+
+def pack_path(comfy_dir: Path) -> Path:
+    """Where ComfyUI finds this pack: its custom_nodes link when that is this checkout, else the checkout."""
+    link = comfy_dir / "custom_nodes" / PACK_LINK_NAME
+    return link if link.exists() and link.resolve() == ROOT else ROOT
+
+
+def load_pack():
+    """ComfyUI imported in this process, and the pack loaded by ComfyUI's own custom-node loader, as ComfyUI
+    loads it from custom_nodes. Returns the pack's module (`.accel` and `.nodes` below it)."""
+    import asyncio
+
+    path = str(pack_path(import_comfyui(cpu=True)))
+    import nodes
+
+    if not asyncio.run(nodes.load_custom_node(path)):
+        raise RuntimeError(f"ComfyUI failed to load the pack from {path} (see the log above)")
+    return sys.modules[path.replace(".", "_x_")]
+
