@@ -46,7 +46,8 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
     elif variant.startswith("accel"):
         engine = load_pack().accel.compile
         choose = "always compiled" if variant == "accel-compiled" else "auto"
-        model = engine.compile_model(model, engine.CompileOptions(choose=choose))
+        mode = "low-memory" if variant == "accel-lowmem" else "default"
+        model = engine.compile_model(model, engine.CompileOptions(mode=mode, choose=choose))
 
     context = torch.randn(1, 77, 768, generator=torch.Generator().manual_seed(0))
 
@@ -71,9 +72,13 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
         "variant": variant, "cold_first_sample_s": cold, "steady_s_per_step": steady,
         "compiles_first_run": first_frames, "compiles_in_sweep": counters["frames"]["ok"] - frames,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # compile workers (inductor's subprocess pool) are processes of their own: their peak, not their sum
+        "peak_rss_largest_child_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     }
     if variant.startswith("accel"):
-        result["accel_paths"] = {k["kind"]: k["path"] for k in engine.REGISTRY.stats()["kinds"]}
+        stats = engine.REGISTRY.stats()
+        result["accel_paths"] = {k["kind"]: k["path"] for k in stats["kinds"]}
+        result["accel_compile_seconds"] = stats["totals"]["compile_seconds"]
     return result
 
 
@@ -82,7 +87,7 @@ def main() -> None:
     parser.add_argument("--model", default="accel-sd15-a.safetensors")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--latent", type=int, default=32)
-    parser.add_argument("--variants", default="eager,core,accel,accel-compiled")
+    parser.add_argument("--variants", default="eager,core,accel,accel-compiled,accel-lowmem")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -112,6 +117,9 @@ def main() -> None:
                 min(eager["steady_s_per_step"], core["steady_s_per_step"]) / accel["steady_s_per_step"],
             "peak_rss_vs_eager": accel["peak_rss_mib"] / eager["peak_rss_mib"],
         }
+        for name in ("accel-compiled", "accel-lowmem", "core"):
+            if name in by:
+                report["ratios"][f"peak_rss_vs_eager[{name}]"] = by[name]["peak_rss_mib"] / eager["peak_rss_mib"]
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "compile_model.json").write_text(json.dumps(report, indent=2))

@@ -1,7 +1,10 @@
-"""Run benchmark variants each in a fresh process with an empty inductor cache of its own.
+"""Run benchmark variants each in a fresh process with empty compile caches of its own.
 
-A fresh process gives honest peak RSS, and an empty cache means "cold" is cold for every variant. The script
-is re-run as `script --child VARIANT ...` and must print one line `RESULT <json>`.
+A fresh process gives honest peak RSS, and empty caches mean "cold" is cold for every variant: torch's inductor
+cache (TORCHINDUCTOR_CACHE_DIR, used by eager and the core node) and the pack's persistent cache (ACCEL_CACHE_DIR)
+both point into a temporary directory. `shared_cache` gives every variant the same directory instead, for
+measuring a second process on the first one's cache. The script is re-run as `script --child VARIANT ...` and
+must print one line `RESULT <json>`.
 """
 from __future__ import annotations
 
@@ -10,18 +13,22 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 
-def run_variants(script: str, variants: list[str], child_args: list[str]) -> list[dict]:
+def run_variants(script: str, variants: list[str], child_args: list[str], shared_cache: bool = False) -> list[dict]:
     results = []
-    for variant in variants:
-        with tempfile.TemporaryDirectory(prefix="accel-bench-inductor-") as cache:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-            proc = subprocess.run([sys.executable, script, "--child", variant, *child_args],
-                                  capture_output=True, text=True, env=env)
-        line = [out for out in proc.stdout.splitlines() if out.startswith("RESULT ")]
-        if proc.returncode or not line:
-            raise SystemExit(f"{variant} failed:\n{proc.stderr[-4000:]}")
-        results.append(json.loads(line[0][len("RESULT "):]))
-        print(json.dumps(results[-1]), flush=True)
+    with tempfile.TemporaryDirectory(prefix="accel-bench-shared-") as shared:
+        for variant in variants:
+            with tempfile.TemporaryDirectory(prefix="accel-bench-cache-") as own:
+                cache = Path(shared if shared_cache else own)
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "torch"),
+                       "ACCEL_CACHE_DIR": str(cache / "accel")}
+                proc = subprocess.run([sys.executable, script, "--child", variant, *child_args],
+                                      capture_output=True, text=True, env=env)
+            line = [out for out in proc.stdout.splitlines() if out.startswith("RESULT ")]
+            if proc.returncode or not line:
+                raise SystemExit(f"{variant} failed:\n{proc.stderr[-4000:]}")
+            results.append(json.loads(line[0][len("RESULT "):]))
+            print(json.dumps(results[-1]), flush=True)
     return results

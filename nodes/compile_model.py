@@ -18,7 +18,9 @@ class CompileModel:
     def INPUT_TYPES(cls):
         return {"required": {
             "model": ("MODEL",),
-            "mode": (list(MODES), {"default": "default", "tooltip": "reduce-overhead uses CUDA graphs (CUDA only)."}),
+            "mode": (list(MODES), {"default": "default",
+                                   "tooltip": "reduce-overhead uses CUDA graphs (CUDA only). low-memory: no CUDA "
+                                              "graphs or autotuning, blocks only, no compile worker processes."}),
             "dynamic": (list(DYNAMIC), {"default": "auto",
                                         "tooltip": "auto: static first, dynamic after a shape change."}),
             "scope": (list(SCOPES), {"default": "auto",

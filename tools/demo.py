@@ -3,10 +3,14 @@
 Starts ComfyUI (`main.py --cpu`) with this pack in custom_nodes, submits example_workflows/accel_txt2img_api.json
 over the HTTP API twice (the second time with another seed, as a user's next prompt), and prints per-node
 timings from ComfyUI's websocket and what each Accel node did (from GET /accel/stats).
+
+The compiled graphs persist in `.comfyui/demo-accel-cache` (or $ACCEL_CACHE_DIR): run the demo a second time and
+its new server process finds them there (the disk-cache line says how many).
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -14,7 +18,7 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-from tools.comfy_env import comfyui_dir, comfyui_version  # noqa: E402
+from tools.comfy_env import ROOT, comfyui_dir, comfyui_version  # noqa: E402
 from tools.comfy_server import ComfyServer, load_workflow  # noqa: E402
 
 WORKFLOW = "accel_txt2img_api.json"
@@ -43,7 +47,8 @@ def node_timings(server: ComfyServer, graph: dict) -> tuple[dict, dict, float]:
                     timings[current] = timings.get(current, 0.0) + now - since
                 current, since = data.get("node"), now
                 if event["type"] == "execution_error":
-                    raise RuntimeError(f"workflow failed in node {data.get('node_id')}: {data.get('exception_message')}")
+                    raise RuntimeError(f"workflow failed in node {data.get('node_id')}: "
+                                       f"{data.get('exception_message')}")
                 if event["type"] == "executing" and data.get("node") is None:
                     break
         total = time.perf_counter() - start
@@ -64,6 +69,7 @@ def main() -> None:
     comfy = comfyui_dir()
     print(f"ComfyUI-Accel demo: ComfyUI {comfyui_version(comfy)} at {comfy}, torch {torch.__version__}, CPU")
     graph = load_workflow(WORKFLOW)
+    os.environ.setdefault("ACCEL_CACHE_DIR", str(ROOT / ".comfyui" / "demo-accel-cache"))
     with tempfile.TemporaryDirectory(prefix="accel-demo-") as base:
         start = time.perf_counter()
         with ComfyServer(Path(base)) as server:
@@ -86,6 +92,10 @@ def main() -> None:
         totals = compiled["totals"]
         print(f"\ncompiled-graph registry: {totals['kinds']} block kinds, {totals['compiles']} compiles "
               f"({totals['compile_seconds']:.1f} s), {totals['cache_hits']} cache hits")
+        disk = totals["disk_cache"]
+        print(f"persistent compile cache {os.environ['ACCEL_CACHE_DIR']}: {disk.get('fx_graph_hits', 0)} graphs "
+              f"from disk, {disk.get('fx_graph_misses', 0)} compiled anew (run the demo again: a new process "
+              f"finds them on disk)")
         for kind in compiled["kinds"]:
             print(f"  {kind['kind']:<32} path={kind['path']:<8} compiles={kind['compiles']} hits={kind['cache_hits']}"
                   f"  {kind['reason']}")

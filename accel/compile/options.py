@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
+MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "low-memory")
+# low-memory: no CUDA graphs, no autotuning, repeated blocks only, and kernels compiled in this process rather
+# than in a pool of compile workers (each worker is a process of its own holding torch).
+LOW_MEMORY_INDUCTOR_OPTIONS = {"compile_threads": 1, "max_autotune": False, "triton.cudagraphs": False}
 DYNAMIC = ("auto", "static", "dynamic")
 SCOPES = ("auto", "repeated blocks", "whole model")
 CHOOSE = ("auto", "always compiled")
@@ -27,16 +30,19 @@ class CompileOptions:
 
     @property
     def whole_model(self) -> bool:
-        return self.scope == "whole model"
+        return self.scope == "whole model" and self.mode != "low-memory"
 
     def torch_compile_kwargs(self, device_type: str) -> dict:
         """kwargs for torch.compile (the hardware policy has already turned modes this device lacks into default)."""
-        mode = None if self.mode == "default" else self.mode
         dynamic = {"auto": None, "static": False, "dynamic": True}[self.dynamic]
+        if self.mode == "low-memory":
+            # torch.compile applies `options` to inductor's config for this compile only: nothing global changes
+            return {"backend": self.backend, "options": dict(LOW_MEMORY_INDUCTOR_OPTIONS), "dynamic": dynamic}
+        mode = None if self.mode == "default" else self.mode
         return {"backend": self.backend, "mode": mode, "dynamic": dynamic}
 
     def cache_key(self, device_type: str) -> tuple:
         """What of these options changes the compiled code. `choose` does not (it picks between compiled and
         eager), and neither does `scope` (a whole model and a block are different kinds anyway)."""
         kwargs = self.torch_compile_kwargs(device_type)
-        return (kwargs["backend"], kwargs["mode"], kwargs["dynamic"])
+        return (kwargs["backend"], self.mode, kwargs["dynamic"])

@@ -16,8 +16,8 @@ import weakref
 import torch
 
 from .attention import compiled_block_options
-from .blocks import (BlockSite, block_safe_options, cannot_compile_reason, find_repeated_blocks, whole_model_safe_options,
-                     whole_model_site)
+from .blocks import (BlockSite, block_safe_options, cannot_compile_reason, find_repeated_blocks,
+                     whole_model_safe_options, whole_model_site)
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
 from .registry import REGISTRY, KindEntry
@@ -25,8 +25,12 @@ from .registry import REGISTRY, KindEntry
 log = logging.getLogger("comfyui_accel")
 WRAPPER_KEY = "accel.compile_model"
 
-# Block sites are found once per diffusion model object and scope (module structure does not change).
+# Block sites are found once per diffusion model object and scope (module structure does not change), and their
+# registry entries once per options and device: the wrapper runs at every step, so it looks nothing up twice.
 _sites: "weakref.WeakKeyDictionary[torch.nn.Module, dict[bool, list[BlockSite]]]" = weakref.WeakKeyDictionary()
+_entries: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, list[KindEntry]]]" = weakref.WeakKeyDictionary()
+# The load state (weight patches, loaded bytes) at which each diffusion model's requires_grad flags were settled.
+_settled: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
 def compile_model(patcher, options: CompileOptions):
@@ -89,9 +93,8 @@ class CompiledApplyModel:
         options = effective_options(self.options, policy, x.device)
         allow_sdpa = policy.allows("sdpa_in_compiled_blocks")
         sites = self._sites_for(diffusion_model)
-        _settle_requires_grad(diffusion_model)
-        entries = [REGISTRY.entry(site.kind, site.forward, options, x.device) for site in sites]
-        REGISTRY.note_model(f"{type(base_model).__name__}@{id(base_model):x}", {e.key for e in entries})
+        _settle_requires_grad(base_model, diffusion_model)
+        entries = self._entries_for(base_model, diffusion_model, sites, options, x.device)
         progress = _progress_bar(len({e.key for e in entries if e.compiles == 0 and e.path != "eager"}))
         # A fully loaded model (ComfyUI's model_lowvram flag unset) has every weight on the compute device, so
         # the per-block offload check is only needed after a partial load.
@@ -108,6 +111,15 @@ class CompiledApplyModel:
             for site in installed:
                 site.module.__dict__.pop(site.attribute, None)
 
+    def _entries_for(self, base_model, diffusion_model: torch.nn.Module, sites: list[BlockSite],
+                     options: CompileOptions, device: torch.device) -> list[KindEntry]:
+        by_key = _entries.setdefault(diffusion_model, {})
+        key = (self.options.whole_model, options, str(device))
+        if key not in by_key:
+            by_key[key] = [REGISTRY.entry(site.kind, site.forward, options, device) for site in sites]
+            REGISTRY.note_model(f"{type(base_model).__name__}@{id(base_model):x}", {e.key for e in by_key[key]})
+        return by_key[key]
+
     def _sites_for(self, diffusion_model: torch.nn.Module) -> list[BlockSite]:
         by_scope = _sites.setdefault(diffusion_model, {})
         whole = self.options.whole_model
@@ -118,12 +130,18 @@ class CompiledApplyModel:
         return by_scope[whole]
 
 
-def _settle_requires_grad(diffusion_model: torch.nn.Module) -> None:
+def _settle_requires_grad(base_model, diffusion_model: torch.nn.Module) -> None:
     # ComfyUI 0.3.75 leaves requires_grad=True on the UNet's parameters while its weight patches (LoRA,
     # Swap Weights) create requires_grad=False ones; compiled graphs guard on that flag, so the first patch
     # would recompile every block. Inference never needs gradients; newer ComfyUI sets this itself.
+    # Parameters change only when ComfyUI (un)patches or (re)loads weights, so the scan runs once per load state.
+    state = tuple(getattr(base_model, name, None) for name in
+                  ("current_weight_patches_uuid", "model_loaded_weight_memory", "lowvram_patch_counter"))
+    if _settled.get(diffusion_model) == state:
+        return
     if any(p.requires_grad for p in diffusion_model.parameters()):
         diffusion_model.requires_grad_(False)
+    _settled[diffusion_model] = state
 
 
 def _progress_bar(pending: int):

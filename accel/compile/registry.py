@@ -7,6 +7,9 @@ graph inputs, never baked in.
 
 Each kind gets its own entry function with its own code object: Dynamo keeps its compiled-code cache and its
 automatic-dynamic-shape state per code object, so kinds never evict each other or share a recompile limit.
+
+Every compiled call runs inside the persistent compile cache's scope (accel/cache): torch's on-disk caches live in
+the pack's directory for that call, and what it compiles is saved as the kind's portable artifacts.
 """
 from __future__ import annotations
 
@@ -19,7 +22,10 @@ from typing import Any, Callable
 
 import torch
 
+from ..cache import COMPILE_CACHE
+from ..cache.store import key_id
 from .blocks import BlockKind
+from .cpu_isa import vec_isa_options
 from .options import CompileOptions
 
 log = logging.getLogger("comfyui_accel")
@@ -59,6 +65,50 @@ def _dynamo_frames() -> int:
     return counters["frames"]["ok"]
 
 
+# torch's own counters of its on-disk caches: a compile that hits them costs tracing, not code generation.
+DISK_CACHE_COUNTERS = {"fx_graph_hits": ("inductor", "fxgraph_cache_hit"),
+                       "fx_graph_misses": ("inductor", "fxgraph_cache_miss"),
+                       "aot_autograd_hits": ("aot_autograd", "autograd_cache_hit"),
+                       "aot_autograd_misses": ("aot_autograd", "autograd_cache_miss")}
+
+
+def disk_cache_counters() -> Counter[str]:
+    from torch._dynamo.utils import counters
+
+    return Counter({name: counters[group][key] for name, (group, key) in DISK_CACHE_COUNTERS.items()})
+
+
+def compile_kwargs(options: CompileOptions, device_type: str) -> dict:
+    """torch.compile's arguments for one kind: the user's options, plus inductor options of the pack's own that
+    apply to this compile only (torch.compile takes a mode or options, so a mode becomes its options)."""
+    kwargs = options.torch_compile_kwargs(device_type)
+    extra = {}
+    if device_type == "cpu" and options.backend == "inductor":
+        env = COMPILE_CACHE.environment("cpu")
+        if env.check_usable():
+            extra = vec_isa_options(env.dir)
+    if extra:
+        from torch._inductor import list_mode_options
+
+        mode = kwargs.pop("mode", None)
+        kwargs["options"] = {**(list_mode_options(mode, kwargs.get("dynamic")) if mode else {}),
+                             **kwargs.get("options", {}), **extra}
+    return kwargs
+
+
+def _input_signature(args: tuple, kwargs: dict) -> tuple:
+    """What of a call's inputs Dynamo guards on: tensor shapes, dtypes and devices, scalar values, grad mode."""
+    def describe(value):
+        if isinstance(value, torch.Tensor):
+            return (tuple(value.shape), value.dtype, value.device)
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        return type(value)
+
+    return (torch.is_grad_enabled(), tuple(describe(a) for a in args),
+            tuple((k, describe(v)) for k, v in kwargs.items()))
+
+
 class KindEntry:
     """One block kind: its lazily compiled entry point, the path chosen for it, and its statistics."""
 
@@ -67,8 +117,10 @@ class KindEntry:
         self.kind = kind
         self.options = options
         self.name = f"accel_{kind.class_name.replace('.', '_')}_{kind.signature}"
-        self.compiled = torch.compile(_entry_point(forward, self.name), **options.torch_compile_kwargs(device_type))
+        self.compiled = torch.compile(_entry_point(forward, self.name), **compile_kwargs(options, device_type))
         self.forward = forward
+        self.device_type = device_type
+        self.cache_id = key_id(key)  # its name in the persistent compile cache
         self.failure: str | None = None  # set when compiling or a first compiled run failed: eager for good
         # What timing chose for callers in choose="auto" mode: None until timed, then "compiled" or "eager".
         self.auto_path: str | None = None
@@ -76,6 +128,7 @@ class KindEntry:
         self.compiles = 0
         self.compile_seconds = 0.0
         self.cache_hits = 0
+        self.disk_cache: Counter[str] = Counter()  # torch's on-disk cache hits and misses while compiling
         self.eager_calls: Counter[str] = Counter()
         self.recompile_reasons: list[str] = []
         self.timings: dict[str, float] = {}
@@ -83,6 +136,7 @@ class KindEntry:
         # dynamic (batch, and the first input's spatial dims) so that one more compile covers every later shape.
         self.first_shapes: tuple | None = None
         self.mark_dynamic = False
+        self.seen_inputs: set[tuple] = set()  # input signatures already run compiled (see _call_compiled)
 
     # -- calls -----------------------------------------------------------------------------------
     def run_eager(self, block, args: tuple, kwargs: dict, reason: str):
@@ -103,9 +157,7 @@ class KindEntry:
         frames = _dynamo_frames()
         start = time.perf_counter()
         try:
-            call_args, call_kwargs = make_call()
-            self._mark_shapes(call_args, call_kwargs)
-            out = self.compiled(block, *call_args, **call_kwargs)
+            out = self._call_compiled(block, make_call)
         except (torch.OutOfMemoryError, KeyboardInterrupt):
             raise
         except Exception as err:  # a failed compile or first run costs this kind its compiled path, not the prompt
@@ -118,6 +170,23 @@ class KindEntry:
             self.cache_hits += 1
         if choose == "auto" and self.auto_path is None:
             self._choose_path(block, make_call, args, kwargs)
+        return out
+
+    def _call_compiled(self, block, make_call: Callable[[], tuple[tuple, dict]]):
+        """One compiled call. Inputs not seen before may compile, so that call runs inside the persistent cache's
+        scope (torch's caches in the pack's directory, the artifacts saved); inputs already seen skip the scope's
+        cost, tens of microseconds a call. Should another guard still recompile there, the graph is correct and
+        merely not persisted."""
+        call_args, call_kwargs = make_call()
+        self._mark_shapes(call_args, call_kwargs)
+        signature = _input_signature(call_args, call_kwargs)
+        if signature in self.seen_inputs:
+            return self.compiled(block, *call_args, **call_kwargs)
+        disk = disk_cache_counters()
+        with COMPILE_CACHE.environment(self.device_type).compiling(self.cache_id, self.name):
+            out = self.compiled(block, *call_args, **call_kwargs)
+        self.disk_cache.update(disk_cache_counters() - disk)
+        self.seen_inputs.add(signature)
         return out
 
     def _mark_shapes(self, args: tuple, kwargs: dict) -> None:
@@ -170,13 +239,8 @@ class KindEntry:
                 times.append(time.perf_counter() - start)
             return min(times)
 
-        def compiled_once():
-            call_args, call_kwargs = make_call()
-            self._mark_shapes(call_args, call_kwargs)
-            self.compiled(block, *call_args, **call_kwargs)
-
         with torch.no_grad():
-            compiled_s = best_of(compiled_once)
+            compiled_s = best_of(lambda: self._call_compiled(block, make_call))
             eager_s = best_of(lambda: self.forward(block, *args, **kwargs))
         self.timings = {"compiled_s": compiled_s, "eager_s": eager_s}
         self.auto_path = "compiled" if compiled_s < eager_s * FASTER_MARGIN else "eager"
@@ -189,7 +253,8 @@ class KindEntry:
             "reason": self.reason,
             "compiles": self.compiles, "recompiles": max(0, self.compiles - 1) if self.compiles else 0,
             "recompile_reasons": list(self.recompile_reasons), "compile_seconds": round(self.compile_seconds, 3),
-            "cache_hits": self.cache_hits, "eager_calls": dict(self.eager_calls), "timings": self.timings,
+            "cache_hits": self.cache_hits, "disk_cache": dict(self.disk_cache),
+            "eager_calls": dict(self.eager_calls), "timings": self.timings,
         }
 
 
@@ -207,6 +272,13 @@ class GraphRegistry:
             if found is None:
                 found = self._entries[key] = KindEntry(key, kind, forward, options, device.type)
             return found
+
+    def forget_shapes(self) -> None:
+        """Back to "no shape seen yet" for every kind, as in a fresh process (used by precompile only)."""
+        with self._lock:
+            for entry in self._entries.values():
+                entry.first_shapes, entry.mark_dynamic = None, False
+                entry.seen_inputs.clear()
 
     def note_model(self, model_label: str, keys: set[tuple]) -> None:
         with self._lock:
@@ -226,7 +298,9 @@ class GraphRegistry:
                 "recompiles": sum(k["recompiles"] for k in kinds),
                 "cache_hits": sum(k["cache_hits"] for k in kinds),
                 "compile_seconds": round(sum(k["compile_seconds"] for k in kinds), 3),
+                "disk_cache": dict(sum((Counter(k["disk_cache"]) for k in kinds), Counter())),
             },
+            "compile_cache": COMPILE_CACHE.stats(),
         }
 
 

@@ -120,15 +120,22 @@ class WeightsFile:
 
 
 class FileReader:
-    """Reads one tensor at a time into a buffer of its own."""
+    """Reads one tensor at a time into one staging buffer, reused for every tensor of the swap.
+
+    One buffer the size of the largest tensor, allocated once, instead of one per tensor: hundreds of freed
+    buffers of many sizes fragment the C heap, which keeps their memory (hundreds of MB at full size) after the
+    swap. A tensor returned by `read` is valid until the next `read`; the swap copies it into its parameter first.
+    """
 
     def __init__(self, source: WeightsFile):
         self.source = source
         self.file = open(source.path, "rb", buffering=0)
+        largest = max((info.end - info.start for info in source.infos.values()), default=0)
+        self.staging = torch.empty(largest, dtype=torch.uint8)
 
     def read(self, key: str) -> torch.Tensor:
         info = self.source.infos[key]
-        buffer = torch.empty(info.end - info.start, dtype=torch.uint8)
+        buffer = self.staging[:info.end - info.start]
         view, got = memoryview(buffer.numpy()), 0
         self.file.seek(info.start)
         while got < len(view):  # a single read returns at most ~2 GB on Linux
@@ -141,6 +148,7 @@ class FileReader:
 
     def close(self) -> None:
         self.file.close()
+        self.staging = torch.empty(0, dtype=torch.uint8)
 
     def __enter__(self):
         return self

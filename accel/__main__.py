@@ -1,0 +1,110 @@
+"""Command line of the pack's engine, run from the pack's directory (custom_nodes/comfyui-accel):
+
+    python -m accel precompile --model FILE --sizes 512x512,768x1024 --batch 1,2
+    python -m accel cache info
+    python -m accel cache export FILE      # one file: copy it into an image, or to another machine
+    python -m accel cache import FILE      # same GPU and torch: what does not match is skipped, with the reason
+    python -m accel cache clear
+
+ComfyUI is found from --comfyui, else $COMFYUI_DIR, else the ComfyUI this pack is installed in. The cache is
+the one the nodes use: $ACCEL_CACHE_DIR, else accel_cache/ in ComfyUI's directory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+PACK_DIR = Path(__file__).resolve().parent.parent
+
+
+def default_comfyui() -> Path:
+    if os.environ.get("COMFYUI_DIR"):
+        return Path(os.environ["COMFYUI_DIR"]).expanduser()
+    return PACK_DIR.parent.parent  # installed as ComfyUI/custom_nodes/<pack>
+
+
+def parser() -> argparse.ArgumentParser:
+    from .compile.options import DYNAMIC, MODES, SCOPES
+
+    top = argparse.ArgumentParser(prog="python -m accel", description=__doc__.splitlines()[0])
+    top.add_argument("--comfyui", type=Path, default=None, help="ComfyUI directory (default: see above)")
+    commands = top.add_subparsers(dest="command", required=True)
+    pre = commands.add_parser("precompile", help="warm the compile cache for chosen sizes")
+    pre.add_argument("--model", required=True, help="a path, or a file name in diffusion_models/ or checkpoints/")
+    pre.add_argument("--sizes", default="512x512", help="image sizes WIDTHxHEIGHT, comma-separated")
+    pre.add_argument("--batch", default="1", help="image batch sizes, comma-separated")
+    pre.add_argument("--cfg", type=float, default=7.0, help="above 1, cond and uncond run as one batch (as KSampler)")
+    pre.add_argument("--mode", choices=MODES, default="default", help="as on the Compile Model node")
+    pre.add_argument("--dynamic", choices=DYNAMIC, default="auto", help="as on the Compile Model node")
+    pre.add_argument("--scope", choices=SCOPES, default="auto", help="as on the Compile Model node")
+    pre.add_argument("--cpu", action="store_true", help="compile for the CPU (default when there is no GPU)")
+    cache = commands.add_parser("cache", help="inspect, export, import or clear the compile cache")
+    cache.add_argument("action", choices=("info", "export", "import", "clear"))
+    cache.add_argument("file", nargs="?", type=Path, help="the file to export to or import from")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args = parser().parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as err:  # bad input (PrecompileError is one): the message says what to do
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
+    from .precompile import PrecompileError, import_comfyui
+
+    comfy_dir = (args.comfyui or default_comfyui()).resolve()
+    if args.command == "precompile":
+        import torch
+
+        from .compile import CompileOptions
+        from .precompile import parse_batches, parse_sizes, precompile
+
+        sizes, batches = parse_sizes(args.sizes), parse_batches(args.batch)
+        options = CompileOptions(mode=args.mode, dynamic=args.dynamic, scope=args.scope, choose="always compiled")
+        import_comfyui(comfy_dir, cpu=args.cpu or not torch.cuda.is_available())
+        print(json.dumps(precompile(args.model, sizes, batches, options, args.cfg), indent=1))
+        return 0
+
+    from .cache import cache_root, export_cache, import_cache
+    from .cache.location import DIR_NAME, ENV_VAR
+
+    root = cache_root() if os.environ.get(ENV_VAR) else comfy_dir / DIR_NAME
+    if args.action in ("export", "import") and args.file is None:
+        raise PrecompileError(f"cache {args.action} needs a FILE argument")
+    if args.action == "info":
+        envs = sorted(p for p in root.iterdir() if (p / "fingerprint.json").is_file()) if root.is_dir() else []
+        print(json.dumps({"root": str(root), "environments": [
+            {"env_id": p.name, "fingerprint": json.loads((p / "fingerprint.json").read_text()),
+             "keys": len([k for k in (p / "artifacts").glob("*") if k.is_dir()]),
+             "megabytes": round(sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 2**20, 1)}
+            for p in envs]}, indent=1))
+    elif args.action == "export":
+        if not root.is_dir():
+            raise PrecompileError(f"there is no compile cache at {root} yet; run a workflow or precompile first")
+        manifest = export_cache(root, args.file)
+        count = sum(len(env["files"]) for env in manifest["environments"])
+        print(f"exported {count} files of {len(manifest['environments'])} environments to {args.file}")
+    elif args.action == "import":
+        import torch
+
+        device_types = ("cuda", "cpu") if torch.cuda.is_available() else ("cpu",)
+        for line in import_cache(root, args.file, device_types):
+            print(line)
+    elif args.action == "clear":
+        shutil.rmtree(root, ignore_errors=True)
+        print(f"removed {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Where the pack's compile cache lives, and the fingerprint of the environment its artifacts are valid for.
+
+The cache belongs to the ComfyUI install (`<ComfyUI base directory>/accel_cache`), not to torch's default under
+/tmp that a reboot or a fresh container empties. `ACCEL_CACHE_DIR` overrides it. Inside, every environment
+(torch version, device, GPU, driver) gets a directory of its own, so a torch, driver or GPU change misses cleanly
+instead of loading kernels built for something else.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+ENV_VAR = "ACCEL_CACHE_DIR"
+DIR_NAME = "accel_cache"
+
+
+def cache_root() -> Path:
+    """`$ACCEL_CACHE_DIR`, else `accel_cache` in ComfyUI's base directory, else in the user's cache directory."""
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR]).expanduser()
+    folder_paths = sys.modules.get("folder_paths")  # ComfyUI's; only when ComfyUI is the host
+    base = getattr(folder_paths, "base_path", None)
+    if base:
+        return Path(base) / DIR_NAME
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "comfyui-accel"
+
+
+def fingerprint(device_type: str) -> dict[str, str]:
+    """What compiled artifacts depend on beyond their own keys: a change of any of these is a clean miss."""
+    import torch
+
+    found = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+             "device": device_type}
+    if device_type == "cpu":
+        found["cpu"] = _cpu_model()  # inductor's C++ kernels are built for this CPU's vector instructions
+    if device_type == "cuda" and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        found["gpu"] = torch.cuda.get_device_name(index)
+        found["capability"] = "%d.%d" % torch.cuda.get_device_capability(index)
+        found["cuda"] = str(torch.version.cuda)
+        driver = getattr(torch._C, "_cuda_getDriverVersion", None)
+        found["driver"] = str(driver()) if driver else "unknown"
+    return found
+
+
+def environment_id(found: dict[str, str]) -> str:
+    digest = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{found['device']}-{digest}"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

@@ -1,0 +1,97 @@
+"""Export the compile cache to one file and import it on another machine of the same GPU and torch.
+
+The file is a zip with a manifest of the environments, each with its Mega-Cache artifacts and torch's working
+cache (`inductor/`). The artifacts alone rebuild torch's FX-graph and AOTAutograd entries (and, on CUDA, the
+Triton kernels bundled in them), but on the CPU inductor's C++ kernels are compiled libraries next to those
+entries that no artifact carries: without them an imported cache still runs the C++ compiler for every kernel.
+Import checks each environment's fingerprint against this machine and skips, with the reason, what was built for
+another torch, GPU, driver or CPU; it never overwrites a file that is already there.
+"""
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+from .location import environment_id, fingerprint
+from .store import unpack_artifact, write_atomic
+
+FORMAT = "comfyui-accel-compile-cache/1"
+
+
+def export_cache(root: Path, destination: Path) -> dict:
+    """Write every environment's artifacts under `root` to the zip `destination`; returns the manifest."""
+    manifest = {"format": FORMAT, "environments": []}
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    tmp = destination.with_name(destination.name + ".partial")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as archive:
+        for env_dir in sorted(p for p in root.iterdir() if (p / "fingerprint.json").is_file()):
+            files = []
+            for path in sorted((env_dir / "artifacts").glob("*/*.bin")):
+                try:
+                    unpack_artifact(path.read_bytes())
+                except ValueError:
+                    continue  # a damaged entry is not worth carrying to another machine
+                name = path.relative_to(root).as_posix()  # <env id>/artifacts/<key>/<file>.bin
+                archive.write(path, name)
+                files.append(name)
+            for path in sorted((env_dir / "inductor").rglob("*")):
+                if path.is_file() and not path.is_symlink() and "locks" not in path.parts and \
+                        not path.name.startswith(".tmp"):
+                    name = path.relative_to(root).as_posix()  # <env id>/inductor/...
+                    archive.write(path, name)
+                    files.append(name)
+            manifest["environments"].append({"env_id": env_dir.name, "files": files,
+                                             "fingerprint": json.loads((env_dir / "fingerprint.json").read_text())})
+        archive.writestr("manifest.json", json.dumps(manifest, indent=1))
+    tmp.replace(destination)
+    return manifest
+
+
+def import_cache(root: Path, source: Path, device_types: tuple[str, ...]) -> list[str]:
+    """Add the artifacts in `source` whose environment matches this machine. Returns one line per environment
+    saying what was imported or why it was skipped; existing entries are kept."""
+    try:
+        archive = zipfile.ZipFile(source)
+    except (OSError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{source} is not a compile cache exported by `python -m accel cache export` ({err})")
+    with archive:
+        try:
+            manifest = json.loads(archive.read("manifest.json"))
+        except KeyError:
+            raise ValueError(f"{source} has no manifest.json: it was not written by `python -m accel cache export`")
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"{source} is format {manifest.get('format')!r}; this pack reads {FORMAT!r}")
+        here = {environment_id(found): found for found in (fingerprint(t) for t in device_types)}
+        report = []
+        for env in manifest["environments"]:
+            if env["env_id"] not in here:
+                report.append(f"skipped {env['env_id']}: built for {_describe(env['fingerprint'])}, this machine is "
+                              + " / ".join(_describe(f) for f in here.values()))
+                continue
+            env_dir = root / env["env_id"]
+            write_atomic(env_dir / "fingerprint.json", json.dumps(env["fingerprint"], indent=1).encode())
+            imported = 0
+            for name in env["files"]:
+                parts = name.split("/")
+                artifact = len(parts) == 4 and parts[1] == "artifacts"
+                if parts[0] != env["env_id"] or not (artifact or parts[1] == "inductor") or ".." in parts or \
+                        "" in parts:
+                    raise ValueError(f"{source}: unexpected entry {name!r}; the file is damaged or not an export")
+                data = archive.read(name)
+                if artifact:
+                    unpack_artifact(data)  # refuse a damaged file here rather than at a prompt
+                target = root / name
+                if not target.exists():
+                    write_atomic(target, data)
+                    imported += 1
+            report.append(f"imported {imported} new files for {env['env_id']} "
+                          f"({len(env['files']) - imported} already present)")
+        return report
+
+
+def _describe(found: dict) -> str:
+    parts = [f"torch {found.get('torch')}", found.get("device", "?")]
+    if found.get("gpu"):
+        parts.append(f"{found['gpu']} sm_{found.get('capability')} driver {found.get('driver')}")
+    return ", ".join(parts)

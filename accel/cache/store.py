@@ -1,0 +1,290 @@
+"""The pack's persistent compile cache: torch's own on-disk caches in a directory the pack owns, plus the
+portable Mega-Cache artifacts of every compiled block kind.
+
+Layout, one directory per environment (see location.py):
+
+    <root>/<env id>/fingerprint.json      what the artifacts were built for
+    <root>/<env id>/inductor/             torch's FX graph, AOTAutograd, kernel and autotuning caches
+    <root>/<env id>/artifacts/<key>/*.bin Mega-Cache artifacts of one compile key (block kind + options)
+    <root>/<env id>/artifacts/<key>/last_used
+
+Torch is pointed at `inductor/` only for the length of the pack's own compiled calls (TORCHINDUCTOR_CACHE_DIR,
+restored afterwards), so compiles made by anything else in the process keep torch's default. The artifacts are
+what export/import moves between machines and what rebuilds `inductor/` after an eviction; each file carries a
+checksum, so a corrupt or truncated one is skipped (and deleted) instead of reaching torch.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+from .location import cache_root, environment_id, fingerprint
+
+log = logging.getLogger("comfyui_accel")
+
+MAX_SIZE_ENV = "ACCEL_CACHE_MAX_GB"
+DEFAULT_MAX_GB = 10.0
+MAGIC = b"ACCEL-MEGA-CACHE 1\n"
+EVICT_EVERY_S = 30.0  # sizing a cache walks its files: at most this often per process
+
+
+def key_id(key: tuple) -> str:
+    """A compile key (a tuple of strings, numbers and None) as a stable file-system name."""
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:20]
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Readers see the old file or the whole new one, never a partial write (a crash leaves a stray tmp file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def pack_artifact(payload: bytes, label: str) -> bytes:
+    header = {"label": label, "sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}
+    return MAGIC + json.dumps(header).encode() + b"\n" + payload
+
+
+def unpack_artifact(data: bytes) -> tuple[dict, bytes]:
+    """The header and payload of an artifact file; ValueError naming what is wrong when it is damaged."""
+    if not data.startswith(MAGIC):
+        raise ValueError("not an Accel artifact file (bad header)")
+    header_line, _, payload = data[len(MAGIC):].partition(b"\n")
+    header = json.loads(header_line)
+    if len(payload) != header["size"] or hashlib.sha256(payload).hexdigest() != header["sha256"]:
+        raise ValueError(f"truncated or corrupt ({len(payload)} of {header['size']} bytes, checksum mismatch)")
+    return header, payload
+
+
+def tree_size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+@contextlib.contextmanager
+def _scoped_env(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+@contextlib.contextmanager
+def _own_artifact_record() -> Iterator[object | None]:
+    """torch's Mega-Cache record, fresh for this block: what it compiles or hits is recorded apart from the rest
+    of the process (whose own save_cache_artifacts() is left as it was). None where torch has no Mega-Cache."""
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+    except ImportError:
+        yield None
+        return
+    with CacheArtifactManager.with_fresh_cache():
+        yield CacheArtifactManager
+
+
+class EnvironmentCache:
+    """The cache of one environment (one device type in this process)."""
+
+    def __init__(self, root: Path, device_type: str):
+        self.fingerprint = fingerprint(device_type)
+        self.env_id = environment_id(self.fingerprint)
+        self.dir = root / self.env_id
+        self.inductor_dir = self.dir / "inductor"
+        self.artifacts_dir = self.dir / "artifacts"
+        self.usable: bool | None = None  # checked at first use
+        self.problem = ""
+        self._loaded: set[str] = set()
+        self._lock = threading.RLock()
+        self._last_evict = 0.0
+        self.stats = {"artifacts_loaded": 0, "artifacts_saved": 0, "artifacts_skipped_corrupt": 0, "evicted": 0}
+
+    # -- the scope of one compiled call ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def compiling(self, ident: str, label: str) -> Iterator[None]:
+        """Wrap one of the pack's compiled calls: torch's caches read and write this environment's directory and
+        whatever the call compiles is saved as the artifacts of compile key `ident` (see key_id)."""
+        if not self.check_usable():
+            yield
+            return
+        self._load(ident)
+        with _scoped_env("TORCHINDUCTOR_CACHE_DIR", str(self.inductor_dir)), _own_artifact_record() as record:
+            from torch._dynamo.utils import counters
+
+            frames = counters["frames"]["ok"]
+            yield
+            if record is not None and counters["frames"]["ok"] != frames:
+                self._save(ident, label, record)
+
+    def check_usable(self) -> bool:
+        if self.usable is None:
+            with self._lock:
+                try:
+                    for path in (self.inductor_dir, self.artifacts_dir):
+                        path.mkdir(parents=True, exist_ok=True)
+                        with tempfile.TemporaryFile(dir=path):
+                            pass
+                    if not (self.dir / "fingerprint.json").exists():
+                        write_atomic(self.dir / "fingerprint.json", json.dumps(self.fingerprint, indent=1).encode())
+                    self.usable = True
+                except OSError as err:
+                    self.usable = False
+                    self.problem = f"{type(err).__name__}: {err}"
+                    log.warning("[Accel] compile cache: cannot write to %s (%s). Compiling still works, but compiled "
+                                "graphs go to torch's temporary cache and will not survive a restart; set "
+                                "ACCEL_CACHE_DIR to a writable directory.", self.dir, self.problem)
+        return self.usable
+
+    # -- artifacts ------------------------------------------------------------------------------------
+    def _load(self, ident: str) -> None:
+        """Once per process and key: hand this key's artifacts to torch, which writes them into `inductor/`
+        (a no-op in effect when they are already there; the rebuild after an eviction or an import)."""
+        if ident in self._loaded:
+            return
+        with self._lock:
+            if ident in self._loaded:
+                return
+            self._loaded.add(ident)
+            key_dir = self.artifacts_dir / ident
+            for path in sorted(key_dir.glob("*.bin")):
+                self.load_file(path)
+            if key_dir.is_dir():
+                _touch(key_dir / "last_used")
+
+    def load_file(self, path: Path) -> bool:
+        import torch
+
+        try:
+            _, payload = unpack_artifact(path.read_bytes())
+            with _scoped_env("TORCHINDUCTOR_CACHE_DIR", str(self.inductor_dir)):
+                if torch.compiler.load_cache_artifacts(payload) is None:
+                    raise ValueError("torch could not read it")
+        except Exception as err:  # a damaged entry costs a recompile, never the prompt
+            self.stats["artifacts_skipped_corrupt"] += 1
+            log.warning("[Accel] compile cache: skipping %s (%s); it is deleted and will be rebuilt by the next "
+                        "compile.", path, err)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return False
+        self.stats["artifacts_loaded"] += 1
+        return True
+
+    def _save(self, ident: str, label: str, record) -> None:
+        try:
+            serialized = record.serialize()
+            if serialized is None:
+                return
+            payload, info = serialized
+            # Named by the artifacts' own cache keys (the bytes differ from one process to the next), so the
+            # same compile hit again in another process is recognised as already saved.
+            keys = sorted(f"{kind}:{key}" for kind, keys in info.artifacts.items() for key in keys)
+            name = hashlib.sha256(repr(keys).encode()).hexdigest()[:20] + ".bin"
+            key_dir = self.artifacts_dir / ident
+            if not (key_dir / name).exists():
+                write_atomic(key_dir / name, pack_artifact(payload, label))
+                self.stats["artifacts_saved"] += 1
+            _touch(key_dir / "last_used")
+        except OSError as err:
+            log.warning("[Accel] compile cache: could not save the artifacts of %s (%s); the next process will "
+                        "compile it again.", label, err)
+            return
+        self.evict_if_needed()
+
+    # -- size cap ---------------------------------------------------------------------------------------
+    def evict_if_needed(self, force: bool = False) -> None:
+        """Keep the whole cache root under ACCEL_CACHE_MAX_GB, least recently used first: other environments'
+        directories, then this environment's compile keys not used by this process."""
+        now = time.monotonic()
+        if not force and now - self._last_evict < EVICT_EVERY_S:
+            return
+        self._last_evict = now
+        cap = int(float(os.environ.get(MAX_SIZE_ENV, DEFAULT_MAX_GB)) * 2**30)
+        root = self.dir.parent
+        sizes = {path: tree_size(path) for path in root.iterdir() if path.is_dir()}
+        total = sum(sizes.values())
+        if total <= cap:
+            return
+        candidates = [(_last_used(path), path, size) for path, size in sizes.items() if path != self.dir]
+        for key_dir in self.artifacts_dir.iterdir():
+            if key_dir.is_dir() and key_dir.name not in self._loaded:
+                candidates.append((_last_used(key_dir), key_dir, tree_size(key_dir)))
+        for _, path, size in sorted(candidates, key=lambda c: c[0]):
+            if total <= cap:
+                break
+            shutil.rmtree(path, ignore_errors=True)
+            total -= size
+            self.stats["evicted"] += 1
+            log.info("[Accel] compile cache: evicted %s (%.1f MB, least recently used) to stay under %s GB",
+                     path, size / 2**20, cap / 2**30)
+        if total > cap:
+            # torch's working cache alone is over the cap: start it afresh; the artifacts rebuild it on demand
+            shutil.rmtree(self.inductor_dir, ignore_errors=True)
+            self.inductor_dir.mkdir(parents=True, exist_ok=True)
+            self._loaded.clear()
+            self.stats["evicted"] += 1
+
+    def describe(self) -> dict:
+        keys = [p for p in self.artifacts_dir.glob("*") if p.is_dir()] if self.artifacts_dir.is_dir() else []
+        return {"dir": str(self.dir), "env_id": self.env_id, "fingerprint": self.fingerprint,
+                "writable": self.usable, "problem": self.problem, "keys": len(keys), **self.stats}
+
+
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.touch()
+
+
+def _last_used(path: Path) -> float:
+    for candidate in (path / "last_used", path):
+        with contextlib.suppress(OSError):
+            return candidate.stat().st_mtime
+    return 0.0
+
+
+class CompileCache:
+    """The process's view of the cache: one EnvironmentCache per device type, under the root resolved at first
+    use (ComfyUI's base directory is known only once ComfyUI is imported)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._envs: dict[tuple[str, str], EnvironmentCache] = {}
+
+    def environment(self, device_type: str) -> EnvironmentCache:
+        root = cache_root()
+        with self._lock:
+            found = self._envs.get((str(root), device_type))
+            if found is None:
+                found = self._envs[(str(root), device_type)] = EnvironmentCache(root, device_type)
+            return found
+
+    def stats(self) -> dict:
+        with self._lock:
+            envs = list(self._envs.values())
+        return {"root": str(cache_root()), "environments": [env.describe() for env in envs]}
+
+
+COMPILE_CACHE = CompileCache()

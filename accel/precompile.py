@@ -1,0 +1,140 @@
+"""Precompile: warm the persistent compile cache for chosen sizes off the critical path.
+
+Runs in a process of its own (`python -m accel precompile ...`), with ComfyUI imported in-process, the model
+loaded by ComfyUI's own loader and sampled one step per size through ComfyUI's sampler, so the compiled graphs
+are exactly the ones a workflow's first sampling will ask for:
+
+- per size and batch, the graphs a fresh process compiles when that size comes first (Dynamo state is reset
+  between sizes; this process is ours, so resetting it touches nobody else);
+- then the shape-generic graphs a process compiles once it has seen a second size.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("comfyui_accel")
+
+
+class PrecompileError(ValueError):
+    """Bad input to precompile: the message names the problem and the fix."""
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """"512x512,768x1024" -> [(512, 512), (768, 1024)] as (width, height) in pixels, multiples of 8."""
+    sizes = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            width, height = (int(v) for v in part.lower().split("x"))
+        except ValueError:
+            raise PrecompileError(f"--sizes: {part!r} is not WIDTHxHEIGHT; write e.g. --sizes 512x512,768x1024")
+        if width <= 0 or height <= 0 or width % 8 or height % 8:
+            raise PrecompileError(f"--sizes: {part} must be positive multiples of 8 (latents are 1/8 of the image)")
+        sizes.append((width, height))
+    if not sizes:
+        raise PrecompileError("--sizes is empty; write e.g. --sizes 512x512")
+    return sizes
+
+
+def parse_batches(text: str) -> list[int]:
+    try:
+        batches = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise PrecompileError(f"--batch: {text!r} is not a list of whole numbers; write e.g. --batch 1,2")
+    if not batches or min(batches) < 1:
+        raise PrecompileError("--batch needs one or more batch sizes of at least 1, e.g. --batch 1,2")
+    return batches
+
+
+def import_comfyui(comfy_dir: Path, cpu: bool) -> None:
+    """ComfyUI's core in this process, as its main.py would set it up (model folders included)."""
+    if not (comfy_dir / "main.py").is_file():
+        raise PrecompileError(f"no ComfyUI at {comfy_dir} (no main.py); pass --comfyui DIR or set COMFYUI_DIR")
+    sys.path.insert(0, str(comfy_dir))
+    import comfy.options  # noqa: F401  (ComfyUI parses no argv when imported)
+    from comfy.cli_args import args
+
+    args.cpu = cpu
+    import utils.extra_config  # before `nodes` puts comfy/ first on sys.path (see tools/comfy_env.py)
+    import comfy.model_management  # noqa: F401
+
+    extra = comfy_dir / "extra_model_paths.yaml"
+    if extra.is_file():
+        utils.extra_config.load_extra_path_config(str(extra))
+    for path in filter(None, os.environ.get("ACCEL_EXTRA_MODEL_PATHS", "").split(os.pathsep)):
+        utils.extra_config.load_extra_path_config(path)
+
+
+def load_model(name: str):
+    """A ModelPatcher for `name`: a file path, or a file in ComfyUI's diffusion_models or checkpoints folder."""
+    import comfy.sd
+    import folder_paths
+
+    path = Path(name).expanduser()
+    folder = None
+    if not path.is_file():
+        for folder in ("diffusion_models", "checkpoints"):
+            found = folder_paths.get_full_path(folder, name)
+            if found:
+                path = Path(found)
+                break
+        else:
+            raise PrecompileError(f"--model {name}: no such file, and not in ComfyUI's diffusion_models or "
+                                  f"checkpoints folders; pass a path or a name listed there")
+    if folder != "checkpoints":
+        model = comfy.sd.load_diffusion_model(str(path))
+        if model is not None:
+            return model
+    return comfy.sd.load_checkpoint_guess_config(str(path), output_vae=False, output_clip=False)[0]
+
+
+def _conds(patcher):
+    import torch
+
+    unet_config = patcher.model.model_config.unet_config
+    context_dim = unet_config.get("context_dim")
+    if not context_dim:
+        raise PrecompileError(f"precompile covers cross-attention UNets (SD1.x, SD2.x, SDXL); "
+                              f"{type(patcher.model).__name__} has none. Compile it by running a workflow instead.")
+    extra = {"pooled_output": torch.zeros(1, 1280)} if unet_config.get("adm_in_channels") else {}
+    context = torch.zeros(1, 77, context_dim)
+    return [[context, dict(extra)]], [[torch.zeros_like(context), dict(extra)]]
+
+
+def precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int], options, cfg: float = 7.0) -> dict:
+    """Compile `model_name` for every size and batch into the persistent cache. Returns a summary."""
+    import comfy.sample
+    import torch
+
+    from .compile import compile_model
+    from .compile.registry import REGISTRY
+
+    patcher = load_model(model_name)
+    compiled = compile_model(patcher, options)
+    positive, negative = _conds(patcher)
+    channels = patcher.model.latent_format.latent_channels
+
+    def sample_once(width: int, height: int, batch: int) -> None:
+        latent = torch.zeros(batch, channels, height // 8, width // 8)
+        noise = comfy.sample.prepare_noise(latent, 0)
+        comfy.sample.sample(compiled, noise, 1, cfg, "euler", "normal", positive, negative, latent,
+                            disable_pbar=True, seed=0)
+
+    combos = [(w, h, b) for (w, h) in sizes for b in batches]
+    start = time.perf_counter()
+    for width, height, batch in combos:  # what a fresh process compiles when this size comes first
+        torch._dynamo.reset()
+        REGISTRY.forget_shapes()
+        log.info("[Accel] precompile: %dx%d batch %d", width, height, batch)
+        sample_once(width, height, batch)
+    if len(combos) > 1:  # what it compiles once it has seen another size: the shape-generic graphs
+        for width, height, batch in combos:
+            sample_once(width, height, batch)
+    stats = REGISTRY.stats()
+    return {"model": model_name, "sizes": [f"{w}x{h}" for w, h in sizes], "batches": batches,
+            "seconds": round(time.perf_counter() - start, 1), "kinds": len(stats["kinds"]),
+            "compiles": stats["totals"]["compiles"], "disk_cache": stats["totals"]["disk_cache"],
+            "cache": stats["compile_cache"]}

@@ -1,0 +1,56 @@
+"""Run in a fresh process by test_compile_cache.py: sample the small model through Compile Model and report
+what the compile cache did. The cache directory comes from ACCEL_CACHE_DIR, as it would for a user.
+
+    python tests/cache_probe.py [--size 16] [--batch 1] [--save-output FILE]
+
+Prints one JSON line: Dynamo frames, torch's on-disk cache hit/miss counters, compile seconds, cache stats, and
+what changed in torch's Dynamo/inductor config, version and TORCHINDUCTOR_CACHE_DIR from before the pack was
+loaded to after it compiled and sampled (nothing may: the pack's settings live inside its own compile calls).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+sys.path.append(str(ROOT / "tests"))
+
+from tools.comfy_env import import_comfyui, load_pack  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--save-output", help="torch.save the sampled latent here")
+    args = parser.parse_args()
+
+    import_comfyui(cpu=True)
+    import nodes
+    import torch
+    from compile_helpers import dynamo_frames, load, sample
+    from hygiene_probe import config_snapshot, diff
+
+    def torch_state() -> dict:
+        return {**config_snapshot(), "env": {"TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}}
+
+    before = torch_state()
+    engine = load_pack().accel.compile
+    model = engine.compile_model(load(nodes), engine.CompileOptions(choose="always compiled"))
+    out = sample(model, size=args.size, batch=args.batch)
+    changed = diff(before, torch_state())
+    if args.save_output:
+        torch.save(out, args.save_output)
+    stats = engine.REGISTRY.stats()
+    print("RESULT " + json.dumps({"frames": dynamo_frames(), **stats["totals"],
+                                  "compile_cache": stats["compile_cache"],
+                                  "paths": {k["kind"]: k["path"] for k in stats["kinds"]},
+                                  "torch_state_changes": changed}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""The persistent compile cache across processes: a second process hits torch's on-disk caches, a damaged entry is
+skipped and rebuilt, precompile warms a later server's workflow, export/import moves the cache, the size cap evicts
+least recently used, and an unwritable directory or a failing first run never costs the prompt.
+
+The cross-process tests share one cache directory (module scope) and run in order: cold, warm, damaged, then
+precompile at a new size and a server workflow at that size. Hit and miss counts are torch's own counters
+(counters["inductor"]["fxgraph_cache_hit"/"miss"], counters["aot_autograd"]["autograd_cache_hit"/"miss"]).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from compile_helpers import assert_close_to_eager, load, sample
+from tools.comfy_env import ROOT, comfyui_dir
+from tools.comfy_server import ComfyServer, load_workflow
+
+PROBE = Path(__file__).with_name("cache_probe.py")
+PRECOMPILED = (192, 192)  # a size the probes never sample, so only precompile can have compiled its graphs
+
+
+def run_probe(cache_dir: Path, output: Path) -> tuple[dict, str]:
+    env = {**os.environ, "ACCEL_CACHE_DIR": str(cache_dir)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    proc = subprocess.run([sys.executable, str(PROBE), "--save-output", str(output)], capture_output=True,
+                          text=True, env=env, timeout=900)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[0][len("RESULT "):]), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One cache directory shared by the processes of this module, and what each process reported."""
+    return {"dir": tmp_path_factory.mktemp("accel-cache"), "runs": {}}
+
+
+def environment_dir(cache_dir: Path) -> Path:
+    (env_dir,) = [p for p in cache_dir.iterdir() if (p / "fingerprint.json").is_file()]
+    return env_dir
+
+
+def test_second_process_hits_the_on_disk_caches(shared, tmp_path):
+    cold, _ = run_probe(shared["dir"], tmp_path / "cold.pt")
+    warm, _ = run_probe(shared["dir"], tmp_path / "warm.pt")
+    shared["runs"].update(cold=cold, warm=warm, output=torch.load(tmp_path / "cold.pt"))
+    assert cold["disk_cache"].get("fx_graph_misses", 0) > 0, cold
+    assert cold["compile_cache"]["environments"][0]["artifacts_saved"] > 0, cold
+    # the second process compiled the same graphs, all from the first one's caches
+    assert warm["compiles"] == cold["compiles"] > 0
+    assert warm["disk_cache"].get("fx_graph_hits", 0) == warm["compiles"], warm["disk_cache"]
+    assert warm["disk_cache"].get("aot_autograd_hits", 0) == warm["compiles"], warm["disk_cache"]
+    assert warm["disk_cache"].get("fx_graph_misses", 0) == 0, warm["disk_cache"]
+    assert warm["compile_seconds"] < cold["compile_seconds"], (warm["compile_seconds"], cold["compile_seconds"])
+    torch.testing.assert_close(torch.load(tmp_path / "warm.pt"), shared["runs"]["output"], rtol=0, atol=0)
+    # the cache lives where it was told to, and torch's own settings are as they were outside the pack's calls
+    assert environment_dir(shared["dir"]).joinpath("inductor", "fxgraph").is_dir()
+    for run in (cold, warm):
+        assert run["torch_state_changes"] == [], run["torch_state_changes"]
+
+
+def test_damaged_entries_are_skipped_and_rebuilt(shared, tmp_path, accel_pack):
+    if "warm" not in shared["runs"]:
+        pytest.skip("needs the cache written by test_second_process_hits_the_on_disk_caches")
+    store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
+    env_dir = environment_dir(shared["dir"])
+    artifact = sorted(env_dir.glob("artifacts/*/*.bin"))[0]
+    artifacts_of_its_kind = len(list(artifact.parent.glob("*.bin")))
+    artifact.write_bytes(artifact.read_bytes()[:1000])  # truncated, as by a full disk or a killed copy
+    graphs = sorted(p for p in (env_dir / "inductor" / "fxgraph").rglob("*") if p.is_file())
+    for graph in graphs:  # torch's own entries too
+        graph.write_bytes(graph.read_bytes()[:20])
+    run, stderr = run_probe(shared["dir"], tmp_path / "damaged.pt")
+    assert "[Accel] compile cache: skipping" in stderr and str(artifact) in stderr
+    assert run["compile_cache"]["environments"][0]["artifacts_skipped_corrupt"] == 1
+    # the damaged artifact was deleted and the recompile saved a whole one in its place (unpack checks each)
+    rebuilt = list(artifact.parent.glob("*.bin"))
+    assert len(rebuilt) == artifacts_of_its_kind
+    for path in rebuilt:
+        store.unpack_artifact(path.read_bytes())  # raises on a damaged file
+    # torch's truncated FX graphs: the intact artifacts wrote theirs back, torch recompiled the rest
+    assert run["disk_cache"].get("fx_graph_misses", 0) >= 1
+    for key_dir in {p.parent for p in graphs}:
+        assert any(p.stat().st_size > 20 for p in key_dir.iterdir()), f"no whole FX graph left in {key_dir}"
+    assert_close_to_eager(torch.load(tmp_path / "damaged.pt"), shared["runs"]["output"], "after a damaged entry")
+
+
+def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_path, monkeypatch):
+    """`python -m accel precompile` at a size no process sampled, then a new ComfyUI server runs a workflow at
+    that size: every graph its first sampling compiles comes from the cache (no miss, hits for every compile)."""
+    width, height = PRECOMPILED
+    env = {**os.environ, "ACCEL_CACHE_DIR": str(shared["dir"]), "COMFYUI_DIR": str(comfyui_dir())}
+    proc = subprocess.run([sys.executable, "-m", "accel", "precompile", "--model", "accel-sd15-small.safetensors",
+                           "--sizes", f"{width}x{height}", "--batch", "1"], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert report["compiles"] > 0 and report["disk_cache"].get("fx_graph_misses", 0) > 0, report
+
+    graph = load_workflow("accel_txt2img_api.json")
+    del graph["3"], graph["10"]  # DeepCache and Compile VAE out: only the UNet's graphs count here
+    graph["8"]["inputs"]["model"] = ["2", 0]
+    graph["11"]["inputs"]["vae"] = ["9", 0]
+    graph["7"]["inputs"].update(width=width, height=height)
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(shared["dir"]))
+    with ComfyServer(tmp_path / "server") as server:
+        server.run_workflow(graph)
+        totals = server.get_json("/accel/stats")["compile"]["totals"]
+    assert totals["compiles"] > 0, totals
+    assert totals["disk_cache"].get("fx_graph_misses", 0) == 0, f"a cold compile after precompile: {totals}"
+    assert totals["disk_cache"].get("fx_graph_hits", 0) == totals["compiles"], totals
+
+
+def test_export_and_import_move_the_cache(shared, tmp_path):
+    if not any(shared["dir"].glob("*/artifacts/*/*.bin")):
+        pytest.skip("needs the cache written by the tests above")
+    exported = tmp_path / "cache.zip"
+    env = {**os.environ, "ACCEL_CACHE_DIR": str(shared["dir"])}
+    cli = [sys.executable, "-m", "accel", "cache"]
+    out = subprocess.run([*cli, "export", str(exported)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "exported" in out.stdout, out.stderr
+    target = tmp_path / "imported"
+    out = subprocess.run([*cli, "import", str(exported)], cwd=ROOT, capture_output=True, text=True,
+                         env={**env, "ACCEL_CACHE_DIR": str(target)})
+    assert out.returncode == 0 and "imported" in out.stdout, out.stderr + out.stdout
+    source_files = {p.relative_to(shared["dir"]) for p in shared["dir"].glob("*/artifacts/*/*.bin")}
+    assert {p.relative_to(target) for p in target.glob("*/artifacts/*/*.bin")} == source_files
+    # a new process on the imported cache compiles nothing cold, C++ kernels included (a fraction of the time)
+    run, _ = run_probe(target, tmp_path / "imported.pt")
+    assert run["disk_cache"].get("fx_graph_misses", 0) == 0 and run["disk_cache"]["fx_graph_hits"] == run["compiles"]
+    assert run["compile_seconds"] < 0.5 * shared["runs"]["cold"]["compile_seconds"], run["compile_seconds"]
+
+    # built for another torch: skipped with the reason, nothing written
+    other = tmp_path / "other-torch.zip"
+    with zipfile.ZipFile(exported) as src, zipfile.ZipFile(other, "w") as dst:
+        manifest = json.loads(src.read("manifest.json"))
+        for env_entry in manifest["environments"]:
+            env_entry["env_id"] = "cpu-000000000000"
+            env_entry["fingerprint"]["torch"] = "1.0.0"
+            env_entry["files"] = []
+        dst.writestr("manifest.json", json.dumps(manifest))
+    out = subprocess.run([*cli, "import", str(other)], cwd=ROOT, capture_output=True, text=True,
+                         env={**env, "ACCEL_CACHE_DIR": str(tmp_path / "other")})
+    assert out.returncode == 0 and "skipped cpu-000000000000: built for torch 1.0.0" in out.stdout, out.stdout
+    assert not (tmp_path / "other").exists() or not any((tmp_path / "other").iterdir())
+
+    # not a cache file at all: a clear error, exit code 2
+    bogus = tmp_path / "bogus.zip"
+    bogus.write_text("hello")
+    out = subprocess.run([*cli, "import", str(bogus)], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and "is not a compile cache exported by" in out.stderr, out.stderr
+
+
+def test_size_cap_evicts_least_recently_used(accel_pack, tmp_path, monkeypatch):
+    store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+    env = store.EnvironmentCache(tmp_path, "cpu")
+    assert env.check_usable()
+
+    def fill(path: Path, megabytes: int, age_s: float) -> Path:
+        path.mkdir(parents=True)
+        (path / "blob").write_bytes(b"\0" * (megabytes << 20))
+        (path / "last_used").touch()
+        os.utime(path / "last_used", (1e9 - age_s, 1e9 - age_s))
+        return path
+
+    old_env = fill(tmp_path / "cuda-0123456789ab", 3, age_s=300)
+    old_key = fill(env.artifacts_dir / "oldkey", 3, age_s=200)
+    new_key = fill(env.artifacts_dir / "newkey", 3, age_s=100)
+    monkeypatch.setenv(store.MAX_SIZE_ENV, str(4 / 1024))  # 4 MB: two of the three 3 MB entries must go
+    env.evict_if_needed(force=True)
+    assert not old_env.exists() and not old_key.exists() and new_key.exists()
+    assert env.stats["evicted"] == 2
+
+
+def test_unwritable_cache_dir_warns_once_and_the_prompt_completes(engine_and_nodes, tmp_path, monkeypatch, caplog):
+    engine, comfy_nodes = engine_and_nodes
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(blocker / "cache"))
+    model = load(comfy_nodes)
+    eager = sample(model)
+    # a key of its own (static shapes), so this test really compiles while the cache is unusable
+    compiled = engine.compile_model(model, engine.CompileOptions(dynamic="static", choose="always compiled"))
+    with caplog.at_level(logging.WARNING, logger="comfyui_accel"):
+        out = sample(compiled)
+        sample(compiled)
+    assert_close_to_eager(out, eager, "compiled with an unwritable cache directory")
+    warnings = [r.getMessage() for r in caplog.records if "compile cache: cannot write" in r.getMessage()]
+    assert len(warnings) == 1 and "ACCEL_CACHE_DIR" in warnings[0], warnings
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ or str(blocker) not in os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def test_first_compiled_run_that_raises_falls_back_to_eager(engine_and_nodes, caplog):
+    """A backend whose compiled code raises when it first runs (as a kernel that crashes on an older GPU would):
+    the prompt completes with the eager output and one warning names what failed and the switch."""
+    engine, comfy_nodes = engine_and_nodes
+    if "accel_test_broken_kernel" not in torch._dynamo.list_backends(exclude_tags=()):
+        @torch._dynamo.register_backend(name="accel_test_broken_kernel")
+        def broken_kernel_backend(graph_module, example_inputs):
+            def run(*args):
+                raise RuntimeError("injected: the compiled kernel crashed on its first run")
+            return run
+
+    model = load(comfy_nodes)
+    eager = sample(model)
+    options = engine.CompileOptions(backend="accel_test_broken_kernel", choose="always compiled")
+    with caplog.at_level(logging.WARNING, logger="comfyui_accel"):
+        out = sample(engine.compile_model(model, options))
+    assert_close_to_eager(out, eager, "after a failing first run")
+    warnings = [r.getMessage() for r in caplog.records if "runs eagerly because compiling it failed" in r.getMessage()]
+    assert warnings and all("injected: the compiled kernel crashed" in w for w in warnings), warnings
+    assert all("ACCEL_DISABLE_COMPILE=1" in w for w in warnings)
+    broken = [k for k in engine.REGISTRY.stats()["kinds"] if "injected" in k["reason"]]
+    assert broken and all(k["path"] == "eager" for k in broken)
+
+
+@pytest.fixture(scope="module")
+def engine_and_nodes(accel_pack, comfy_nodes):
+    return accel_pack.accel.compile, comfy_nodes
