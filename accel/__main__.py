@@ -25,7 +25,9 @@ PACK_DIR = Path(__file__).resolve().parent.parent
 def default_comfyui() -> Path:
     if os.environ.get("COMFYUI_DIR"):
         return Path(os.environ["COMFYUI_DIR"]).expanduser()
-    return PACK_DIR.parent.parent  # installed as ComfyUI/custom_nodes/<pack>
+    # installed as ComfyUI/custom_nodes/<pack>; a symlinked pack resolves elsewhere, the shell's $PWD does not
+    candidates = [PACK_DIR.parent.parent, Path(os.environ.get("PWD", ".")).parent.parent]
+    return next((c for c in candidates if (c / "main.py").is_file()), candidates[0])
 
 
 def parser() -> argparse.ArgumentParser:
@@ -78,6 +80,9 @@ def run(args) -> int:
     from .cache import cache_root, export_cache, import_cache
     from .cache.location import DIR_NAME, ENV_VAR
 
+    if not os.environ.get(ENV_VAR) and not (comfy_dir / "main.py").is_file():
+        raise PrecompileError(f"no ComfyUI at {comfy_dir}, so no cache to use: run this from the pack's folder in "
+                              f"ComfyUI/custom_nodes, or pass --comfyui DIR, or set {ENV_VAR}")
     root = cache_root() if os.environ.get(ENV_VAR) else comfy_dir / DIR_NAME
     if args.action in ("export", "import") and args.file is None:
         raise PrecompileError(f"cache {args.action} needs a FILE argument")

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from fresh_process import run_variants  # noqa: E402
+from fresh_process import run_variants, write_report  # noqa: E402
 
 
 def run_process(variant: str, model_name: str, steps: int, latent: int) -> dict:
@@ -61,25 +59,12 @@ def main() -> None:
         print("RESULT " + json.dumps(run_process(args.child, args.model, args.steps, args.latent)), flush=True)
         return
 
-    import torch
-
-    from tools.comfy_env import comfyui_version
-
     first, second = run_variants(__file__, ["first", "second"], ["--model", args.model, "--steps", str(args.steps),
                                                                  "--latent", str(args.latent)], shared_cache=True)
-    report = {
-        "benchmark": "cold_start", "model": args.model, "latent": args.latent, "cfg_batch": 2, "steps": args.steps,
-        "results": [first, second],
+    write_report("cold_start", {
+        "model": args.model, "latent": args.latent, "cfg_batch": 2, "steps": args.steps, "results": [first, second],
         "ratios": {"compile_seconds_second_vs_first": second["compile_seconds"] / first["compile_seconds"],
-                   "first_sample_second_vs_first": second["first_sample_s"] / first["first_sample_s"]},
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU", "torch": torch.__version__,
-        "comfyui": comfyui_version(), "python": platform.python_version(),
-    }
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cold_start.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report["ratios"], indent=2))
-
+                   "first_sample_second_vs_first": second["first_sample_s"] / first["first_sample_s"]}})
 
 if __name__ == "__main__":
     main()

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import statistics
 import sys
@@ -23,31 +21,32 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from fresh_process import run_variants  # noqa: E402
+from fresh_process import run_variants, write_report  # noqa: E402
+from memory import peak_mib, pss_tree_mib, reset_peak, rss_mib  # noqa: E402
 
 SWEEP_SIZES = (24, 40, 48)
 
 
-def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
-    """Inside the variant's own process."""
-    from tools.comfy_env import import_comfyui, load_pack
+def wrap(variant: str, model):
+    """The variant's MODEL made from the loaded eager one (a clone sharing its weights), and the pack's engine."""
+    from tools.comfy_env import load_pack
 
-    import_comfyui(cpu=True)
-    import comfy.sample
-    import nodes
-    import torch
-    from torch._dynamo.utils import counters
-
-    (model,) = nodes.UNETLoader().load_unet(model_name, "default")
     if variant == "core":
         from comfy_extras.nodes_torch_compile import TorchCompileModel
 
-        model = TorchCompileModel.execute(model, "inductor").result[0]
-    elif variant.startswith("accel"):
+        return TorchCompileModel.execute(model, "inductor").result[0], None
+    if variant.startswith("accel"):
         engine = load_pack().accel.compile
         choose = "always compiled" if variant == "accel-compiled" else "auto"
         mode = "low-memory" if variant == "accel-lowmem" else "default"
-        model = engine.compile_model(model, engine.CompileOptions(mode=mode, choose=choose))
+        return engine.compile_model(model, engine.CompileOptions(mode=mode, choose=choose)), engine
+    return model, None
+
+
+def sampler(model):
+    """sample(size, steps) -> seconds of each step: ComfyUI's sampler, euler, cfg 7 (UNet batch 2)."""
+    import comfy.sample
+    import torch
 
     context = torch.randn(1, 77, 768, generator=torch.Generator().manual_seed(0))
 
@@ -60,9 +59,28 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
                             callback=lambda *a: stamps.append(time.perf_counter()))
         return [b - a for a, b in zip(stamps, stamps[1:])]
 
+    return sample
+
+
+def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
+    """Inside the variant's own process."""
+    from tools.comfy_env import import_comfyui
+
+    import_comfyui(cpu=True)
+    import nodes
+    from torch._dynamo.utils import counters
+
+    (model,) = nodes.UNETLoader().load_unet(model_name, "default")
+    model, engine = wrap(variant, model)
+    sample = sampler(model)
+
+    loaded_rss = rss_mib()
+    reset_peak()  # the load's own peak (file pages and the fp32 copy) is the same for every variant
     start = time.perf_counter()
     sample(latent, steps)
     cold = time.perf_counter() - start
+    sampling_peak = peak_mib()
+    pss_self, pss_children = pss_tree_mib()
     first_frames = counters["frames"]["ok"]
     steady = statistics.median(sample(latent, steps)[1:])
     frames = counters["frames"]["ok"]
@@ -71,9 +89,11 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
     result = {
         "variant": variant, "cold_first_sample_s": cold, "steady_s_per_step": steady,
         "compiles_first_run": first_frames, "compiles_in_sweep": counters["frames"]["ok"] - frames,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        # compile workers (inductor's subprocess pool) are processes of their own: their peak, not their sum
-        "peak_rss_largest_child_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # the model load's peak
+        "rss_after_load_mib": loaded_rss,
+        "peak_rss_first_sampling_mib": sampling_peak,  # compiling included
+        # after the first sampling: this process and its compile workers, shared pages counted once
+        "pss_after_first_sampling_mib": pss_self, "pss_compile_workers_mib": pss_children,
     }
     if variant.startswith("accel"):
         stats = engine.REGISTRY.stats()
@@ -94,20 +114,12 @@ def main() -> None:
         print("RESULT " + json.dumps(run_variant(args.child, args.model, args.steps, args.latent)), flush=True)
         return
 
-    import torch
-
-    from tools.comfy_env import comfyui_version
-
     results = run_variants(__file__, args.variants.split(","), ["--model", args.model, "--steps", str(args.steps),
                                                                 "--latent", str(args.latent)])
 
     by = {r["variant"]: r for r in results}
-    report = {
-        "benchmark": "compile_model", "model": args.model, "latent": args.latent, "cfg_batch": 2,
-        "steps": args.steps, "sweep_sizes": SWEEP_SIZES, "results": results,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU", "torch": torch.__version__,
-        "comfyui": comfyui_version(), "python": platform.python_version(),
-    }
+    report = {"model": args.model, "latent": args.latent, "cfg_batch": 2, "steps": args.steps,
+              "sweep_sizes": SWEEP_SIZES, "results": results}
     if {"core", "accel", "eager"} <= set(by):
         accel, core, eager = by["accel"], by["core"], by["eager"]
         report["ratios"] = {
@@ -117,13 +129,14 @@ def main() -> None:
                 min(eager["steady_s_per_step"], core["steady_s_per_step"]) / accel["steady_s_per_step"],
             "peak_rss_vs_eager": accel["peak_rss_mib"] / eager["peak_rss_mib"],
         }
-        for name in ("accel-compiled", "accel-lowmem", "core"):
+        for name in ("accel", "accel-compiled", "accel-lowmem", "core"):
             if name in by:
-                report["ratios"][f"peak_rss_vs_eager[{name}]"] = by[name]["peak_rss_mib"] / eager["peak_rss_mib"]
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "compile_model.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report.get("ratios", {}), indent=2))
+                report["ratios"][f"first_sampling_peak_rss_vs_eager[{name}]"] = (
+                    by[name]["peak_rss_first_sampling_mib"] / eager["peak_rss_first_sampling_mib"])
+                report["ratios"][f"pss_with_workers_vs_eager[{name}]"] = (
+                    (by[name]["pss_after_first_sampling_mib"] + by[name]["pss_compile_workers_mib"]) /
+                    eager["pss_after_first_sampling_mib"])
+    write_report("compile_model", report)
 
 
 if __name__ == "__main__":

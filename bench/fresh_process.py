@@ -32,3 +32,21 @@ def run_variants(script: str, variants: list[str], child_args: list[str], shared
             results.append(json.loads(line[0][len("RESULT "):]))
             print(json.dumps(results[-1]), flush=True)
     return results
+
+
+def write_report(name: str, report: dict) -> dict:
+    """Add the machine and versions to `report`, write it to bench/results/<name>.json, print its ratios."""
+    import platform
+
+    import torch
+
+    from tools.comfy_env import ROOT, comfyui_version
+
+    report = {"benchmark": name, **report,
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU", "torch": torch.__version__,
+              "comfyui": comfyui_version(), "python": platform.python_version()}
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report.get("ratios", {}), indent=2))
+    return report

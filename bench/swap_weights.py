@@ -23,10 +23,7 @@ VRAM numbers; this script measures the CPU only.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -35,32 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from fresh_process import run_variants  # noqa: E402
+from fresh_process import run_variants, write_report  # noqa: E402
+from memory import peak_mib, reset_peak, rss_mib  # noqa: E402
 
 VARIANTS = ("read-copy", "stock", "accel", "accel-spill")
-
-
-def status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def rss_mib() -> float:
-    gc.collect()
-    return status_kib("VmRSS") / 1024
-
-
-def reset_peak() -> None:
-    """Start the kernel's RSS high-water mark (VmHWM) afresh, so it measures what follows alone."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def peak_mib() -> float:
-    return status_kib("VmHWM") / 1024
 
 
 def run_variant(variant: str, name_a: str, name_b: str, steps: int, latent: int) -> dict:
@@ -185,23 +160,12 @@ def main() -> None:
         print("RESULT " + json.dumps(run_variant(args.child, args.a, args.b, args.steps, args.latent)), flush=True)
         return
 
-    import torch
-
-    from tools.comfy_env import comfyui_version
-
     results = run_variants(__file__, args.variants.split(","), ["--a", args.a, "--b", args.b, "--steps",
                                                                 str(args.steps), "--latent", str(args.latent)])
 
-    report = {
-        "benchmark": "swap_weights", "a": args.a, "b": args.b, "latent": args.latent, "cfg_batch": 2,
-        "steps": args.steps, "results": results, "ratios": ratios({r["variant"]: r for r in results}),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU", "torch": torch.__version__,
-        "comfyui": comfyui_version(), "python": platform.python_version(),
-    }
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "swap_weights.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report["ratios"], indent=2))
+    write_report("swap_weights", {"a": args.a, "b": args.b, "latent": args.latent, "cfg_batch": 2,
+                                  "steps": args.steps, "results": results,
+                                  "ratios": ratios({r["variant"]: r for r in results})})
 
 
 if __name__ == "__main__":
