@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -53,13 +52,10 @@ def import_comfyui(comfy_dir: Path, cpu: bool) -> None:
     """ComfyUI's core in this process, as its main.py would set it up (model folders included)."""
     if not (comfy_dir / "main.py").is_file():
         raise PrecompileError(f"no ComfyUI at {comfy_dir} (no main.py); pass --comfyui DIR or set COMFYUI_DIR")
-    sys.path.insert(0, str(comfy_dir))
-    import comfy.options  # noqa: F401  (ComfyUI parses no argv when imported)
-    from comfy.cli_args import args
+    from .comfy_import import import_comfyui_core
 
-    args.cpu = cpu
-    import utils.extra_config  # before `nodes` puts comfy/ first on sys.path (see tools/comfy_env.py)
-    import comfy.model_management  # noqa: F401
+    import_comfyui_core(comfy_dir, cpu)
+    import utils.extra_config
 
     extra = comfy_dir / "extra_model_paths.yaml"
     if extra.is_file():

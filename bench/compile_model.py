@@ -99,6 +99,9 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
         stats = engine.REGISTRY.stats()
         result["accel_paths"] = {k["kind"]: k["path"] for k in stats["kinds"]}
         result["accel_compile_seconds"] = stats["totals"]["compile_seconds"]
+        result["accel_call_shares"] = {k["kind"]: k["call_share"] for k in stats["kinds"]}
+        result["accel_whole_call_checks"] = [{k: c[k] for k in ("verdict", "reason", "calls_timed")}
+                                             for c in stats["whole_call_checks"].values()]
     return result
 
 

@@ -2,7 +2,7 @@
 
 On a shared 2-core machine, one process can run 20% faster or slower than the next, which swamps a comparison of
 steady seconds per step made across processes. Here each variant's process samples its compiled MODEL and the
-eager one it was made from (same weights) in alternating rounds, after one warm-up run of each, and reports the
+eager one it was made from (same weights) in alternating rounds, after two warm-up runs of each, and reports the
 median seconds per step of each and their ratio. Full-size SD1.5 UNet, 32x32 latent, cfg 7 (UNet batch 2), euler.
 The variants share one compile cache directory (this is about speed, not cold start).
 
@@ -33,7 +33,8 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int, rounds: 
     (eager,) = nodes.UNETLoader().load_unet(model_name, "default")
     compiled, engine = wrap(variant, eager)
     runs = {"eager": sampler(eager), variant: sampler(compiled)}
-    for sample in runs.values():  # warm-up: compiling, timing, loading
+    for sample in runs.values():  # warm-up: loading, compiling, and auto mode's choices (about 6 UNet calls)
+        sample(latent, steps)
         sample(latent, steps)
     per_step: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
@@ -43,7 +44,10 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int, rounds: 
     result = {"variant": variant, "median_s_per_step": medians, "steps_timed": len(per_step["eager"]),
               "speed_vs_eager_same_process": medians["eager"] / medians[variant]}
     if engine is not None:
-        result["accel_paths"] = {k["kind"]: k["path"] for k in engine.REGISTRY.stats()["kinds"]}
+        stats = engine.REGISTRY.stats()
+        result["accel_paths"] = {k["kind"]: k["path"] for k in stats["kinds"]}
+        result["accel_whole_call_checks"] = [{k: c[k] for k in ("verdict", "reason", "calls_timed")}
+                                             for c in stats["whole_call_checks"].values()]
     return result
 
 

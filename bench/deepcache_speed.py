@@ -175,18 +175,22 @@ def main() -> None:
     parser.add_argument("--intervals", type=int, nargs="+", default=[2, 3, 5])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-reference", action="store_true", help="skip the diffusers + DeepCache side")
+    parser.add_argument("--attention", choices=["comfyui-default", "pytorch"], default="comfyui-default",
+                        help="ComfyUI's attention: its default for the device (sub-quadratic on the CPU), or "
+                             "ComfyUI's own --use-pytorch-cross-attention (SDPA, what diffusers uses)")
     args = parser.parse_args()
 
-    comfy = import_comfyui(cpu=True)
+    comfy = import_comfyui(cpu=True, use_pytorch_cross_attention=args.attention == "pytorch")
     pack = load_pack()
     import torch
 
     print(f"== ComfyUI {comfyui_version(comfy)} + ComfyUI-Accel DeepCache, {args.model}, {args.steps} steps, "
-          f"{args.latent}x{args.latent} latent, cfg {args.cfg}, branch {args.depth}, {torch.get_num_threads()} threads",
-          flush=True)
+          f"{args.latent}x{args.latent} latent, cfg {args.cfg}, branch {args.depth}, "
+          f"{torch.get_num_threads()} threads, attention {args.attention}", flush=True)
     result = {
         "benchmark": "deepcache_speed", "model": args.model, "steps": args.steps, "latent": args.latent,
         "cfg": args.cfg, "cfg_batch": 2, "sampler": "euler", "depth": args.depth, "repeats": args.repeats,
+        "attention": args.attention,
         "machine": machine(),
         "torch": torch.__version__, "comfyui": comfyui_version(comfy), "threads": torch.get_num_threads(),
         "accel": comfy_side(args, pack),

@@ -13,15 +13,17 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 
 def run_variants(script: str, variants: list[str], child_args: list[str], shared_cache: bool = False) -> list[dict]:
     results = []
-    with tempfile.TemporaryDirectory(prefix="accel-bench-shared-") as shared:
+    shared_dir = tempfile.TemporaryDirectory(prefix="accel-bench-shared-") if shared_cache else nullcontext()
+    with shared_dir as shared:
         for variant in variants:
             with tempfile.TemporaryDirectory(prefix="accel-bench-cache-") as own:
-                cache = Path(shared if shared_cache else own)
+                cache = Path(shared or own)
                 env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "torch"),
                        "ACCEL_CACHE_DIR": str(cache / "accel")}
                 proc = subprocess.run([sys.executable, script, "--child", variant, *child_args],

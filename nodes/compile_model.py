@@ -26,8 +26,8 @@ class CompileModel:
             "scope": (list(SCOPES), {"default": "auto",
                                      "tooltip": "auto = repeated blocks: identical blocks share one compiled graph."}),
         }, "optional": {
-            "choose": (list(CHOOSE), {"default": "auto", "tooltip": "auto: on the first call, time compiled "
-                                      "against eager per block kind and keep the faster."}),
+            "choose": (list(CHOOSE), {"default": "auto", "tooltip": "auto: skip block kinds too small to matter, "
+                                      "time compiled against eager per kind, then whole steps; keep the faster."}),
         }}
 
     def apply(self, model, mode, dynamic, scope, choose="auto"):

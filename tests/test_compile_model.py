@@ -170,9 +170,61 @@ def test_attention_patch_runs_those_blocks_eagerly_and_correctly(compiled_small,
 def test_auto_mode_keeps_a_path_per_kind_and_stays_correct(engine, comfy_nodes, compiled_small):
     model = engine.compile_model(compiled_small["model"], engine.CompileOptions())  # choose="auto"
     assert_close_to_eager(sample(model), compiled_small["eager"], "auto mode")
-    auto_kinds = [k for k in engine.REGISTRY.stats()["kinds"] if k["timed"] and "ms vs eager" in k["reason"]]
+    kinds = engine.REGISTRY.stats()["kinds"]
+    auto_kinds = [k for k in kinds if k["timed"] and "ms vs eager" in k["reason"]]
     assert auto_kinds, "auto mode timed no block kind"
     assert all(k["timings"]["compiled_s"] > 0 and k["timings"]["eager_s"] > 0 for k in auto_kinds)
+    # Before compiling, its first call ran eagerly and timed each kind's share: the small ones stay eager.
+    shares = {k["kind"]: k["call_share"] for k in kinds if k["kind"].startswith(("ResBlock", "Spatial"))}
+    assert all(share is not None for share in shares.values()), shares
+    assert 0.5 < sum(shares.values()) <= 1.0, f"the kinds' shares are not most of one call: {shares}"
+    for k in kinds:
+        if k["call_share"] is not None and k["call_share"] < engine.registry.MIN_CALL_SHARE:
+            assert k["path"] == "eager" and "not worth compiling" in k["reason"], k
+
+
+def test_auto_mode_never_compiles_kinds_too_small_to_matter(engine, comfy_nodes, compiled_small, monkeypatch):
+    """choose="auto", first stage: the first call runs eagerly and times each kind's share of it; a kind under
+    the threshold is never compiled. A threshold above every share makes that certain for all kinds."""
+    monkeypatch.setattr(engine.registry, "MIN_CALL_SHARE", 1.01)
+    fresh = load(comfy_nodes)
+    eager = sample(fresh, steps=4)
+    model = engine.compile_model(fresh, engine.CompileOptions(dynamic="dynamic"))  # kinds of its own (new key)
+    frames = dynamo_frames()
+    assert_close_to_eager(sample(model, steps=4), eager, "auto mode with every kind left eager")
+    assert dynamo_frames() == frames, "a kind under the share threshold was compiled"
+    skipped = [k for k in engine.REGISTRY.stats()["kinds"] if "not worth compiling" in k["reason"]]
+    assert len(skipped) >= 3 and all(k["path"] == "eager" and k["compiles"] == 0 for k in skipped), skipped
+
+
+@pytest.mark.parametrize("margin, verdict", [(0.0, "eager"), (1e9, "compiled")])
+def test_auto_mode_checks_whole_calls_and_keeps_the_faster(engine, comfy_nodes, compiled_small, monkeypatch,
+                                                           margin, verdict):
+    """choose="auto", second stage: after the per-kind choice, real UNet calls alternate between the compiled
+    blocks and eager, and the model keeps the faster. The margin is forced so that each verdict is certain:
+    0 (compiled never counts as faster) and huge (it always does); the timing itself is real."""
+    monkeypatch.setattr(engine.step_check, "FASTER_MARGIN", margin)
+    fresh = load(comfy_nodes)  # a new diffusion model, so a new check; its kinds are shared and compiled already
+    eager = sample(fresh, steps=10)
+    model = engine.compile_model(fresh, engine.CompileOptions())  # choose="auto"
+    assert_close_to_eager(sample(model, steps=10), eager, "auto mode while checking whole calls")
+    label = f"{type(model.model).__name__}@{id(model.model):x}"
+    check = engine.REGISTRY.stats()["whole_call_checks"][label]
+    assert check["verdict"] == verdict, check
+    assert check["calls_timed"] >= 4 and "whole UNet calls took" in check["reason"]
+    assert all(len(times) >= 2 for per_key in check["seconds"].values() for times in per_key.values())
+
+    def dispatched():  # block calls that went through the registry, compiled or eager
+        kinds = engine.REGISTRY.stats()["kinds"]
+        return sum(k["cache_hits"] for k in kinds) + sum(sum(k["eager_calls"].values()) for k in kinds)
+
+    before, frames = dispatched(), dynamo_frames()
+    assert_close_to_eager(sample(model, steps=10), eager, f"auto mode after the {verdict} verdict")
+    assert dynamo_frames() == frames
+    if verdict == "eager":
+        assert dispatched() == before, "a model judged faster eager still dispatched its blocks"
+    else:
+        assert dispatched() > before, "a model judged faster compiled stopped dispatching its blocks"
 
 
 def test_compile_vae_equals_eager_and_input_untouched(engine, comfy_nodes):

@@ -23,24 +23,16 @@ def comfyui_dir() -> Path:
     return path
 
 
-def import_comfyui(cpu: bool = True):
+def import_comfyui(cpu: bool = True, **flags):
     """Import ComfyUI's core in this process, as ComfyUI's own main.py would, without starting a server.
 
-    Returns the ComfyUI directory. ComfyUI reads its command-line flags at import time, so `--cpu` is set
-    on its parsed args before `comfy.model_management` is first imported.
+    Returns the ComfyUI directory. `cpu` and any other `flags` (ComfyUI's own argument names, e.g.
+    use_pytorch_cross_attention=True) are set before ComfyUI reads them (accel/comfy_import.py).
     """
-    path = comfyui_dir()
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-    import comfy.options  # noqa: F401  (args parsing stays off: ComfyUI parses an empty argv)
-    from comfy.cli_args import args
+    from accel.comfy_import import import_comfyui_core
 
-    if "comfy.model_management" not in sys.modules:
-        args.cpu = cpu
-    # main.py imports these before nodes.py puts ComfyUI/comfy/ at the front of sys.path, after which
-    # `utils` would resolve to comfy/utils.py instead of ComfyUI's utils/ package.
-    import utils.extra_config  # noqa: F401
-    import comfy.model_management  # noqa: F401
+    path = comfyui_dir()
+    import_comfyui_core(path, cpu, **flags)
     return path
 
 

@@ -99,6 +99,8 @@ def main() -> None:
         for kind in compiled["kinds"]:
             print(f"  {kind['kind']:<32} path={kind['path']:<8} compiles={kind['compiles']} hits={kind['cache_hits']}"
                   f"  {kind['reason']}")
+        for model, check in compiled.get("whole_call_checks", {}).items():
+            print(f"  whole-call check of {model}: {check['verdict']}  {check['reason']}")
 
 
 if __name__ == "__main__":

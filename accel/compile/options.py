@@ -17,7 +17,7 @@ class CompileOptions:
     mode: str = "default"
     dynamic: str = "auto"
     scope: str = "auto"
-    # auto: time compiled against eager on the first real call of each block kind and keep the faster.
+    # auto: skip kinds too small to matter, time compiled against eager per kind, then whole calls (step_check).
     choose: str = "auto"
     backend: str = "inductor"
 

@@ -11,6 +11,7 @@ still calls the blocks through their module call, so it gets the compiled blocks
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 
 import torch
@@ -20,7 +21,8 @@ from .blocks import (BlockSite, block_safe_options, cannot_compile_reason, find_
                      whole_model_safe_options, whole_model_site)
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
-from .registry import REGISTRY, KindEntry
+from .registry import REGISTRY, KindEntry, wait_for_device
+from .step_check import StepCheck
 
 log = logging.getLogger("comfyui_accel")
 WRAPPER_KEY = "accel.compile_model"
@@ -29,6 +31,8 @@ WRAPPER_KEY = "accel.compile_model"
 # registry entries once per options and device: the wrapper runs at every step, so it looks nothing up twice.
 _sites: "weakref.WeakKeyDictionary[torch.nn.Module, dict[bool, list[BlockSite]]]" = weakref.WeakKeyDictionary()
 _entries: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, list[KindEntry]]]" = weakref.WeakKeyDictionary()
+# choose="auto": the whole-call check of each diffusion model, per the same key as its entries.
+_checks: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, StepCheck]]" = weakref.WeakKeyDictionary()
 # The load state (weight patches, loaded bytes) at which each diffusion model's requires_grad flags were settled.
 _settled: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
@@ -48,12 +52,22 @@ class BlockDispatcher:
     """A block's `forward` for the length of one apply_model call: runs it through its kind's entry."""
 
     def __init__(self, site: BlockSite, entry: KindEntry, options: CompileOptions, allow_sdpa: bool,
-                 eager_reason: str | None, progress):
+                 eager_reason: str | None, progress, call: "CallRecord"):
         self.site, self.entry, self.choose, self.allow_sdpa = site, entry, options.choose, allow_sdpa
-        self.eager_reason, self.progress = eager_reason, progress
+        self.eager_reason, self.progress, self.call = eager_reason, progress, call
 
     def __call__(self, *args, **kwargs):
-        block, entry = self.site.module, self.entry
+        block, entry, call = self.site.module, self.entry, self.call
+        call.blocks += 1
+        if call.profile:  # the first call in auto mode: eager, each kind's share of the call timed
+            wait_for_device(call.device_type)
+            start = time.perf_counter()
+            out = entry.forward(block, *args, **kwargs)
+            wait_for_device(call.device_type)
+            call.kind_seconds[entry.key] = call.kind_seconds.get(entry.key, 0.0) + time.perf_counter() - start
+            return out
+        if call.eager_check:  # the eager side of the whole-call check: ComfyUI's own forward, uncounted
+            return entry.forward(block, *args, **kwargs)
         if self.eager_reason:
             return entry.run_eager(block, args, kwargs, self.eager_reason)
         make_call = lambda: (args, kwargs)  # noqa: E731
@@ -76,6 +90,15 @@ class BlockDispatcher:
         return out
 
 
+class CallRecord:
+    """One apply_model call: how it runs (profile, or the eager side of the whole-call check), what it ran."""
+
+    def __init__(self, device_type: str, profile: bool = False, eager_check: bool = False):
+        self.device_type, self.profile, self.eager_check = device_type, profile, eager_check
+        self.blocks = 0
+        self.kind_seconds: dict[tuple, float] = {}  # profile calls: seconds per kind key
+
+
 class CompiledApplyModel:
     """The APPLY_MODEL wrapper. Holds only the options: all compiled state lives in the process-wide registry."""
 
@@ -95,21 +118,59 @@ class CompiledApplyModel:
         sites = self._sites_for(diffusion_model)
         _settle_requires_grad(base_model, diffusion_model)
         entries = self._entries_for(base_model, diffusion_model, sites, options, x.device)
-        progress = _progress_bar(len({e.key for e in entries if e.compiles == 0 and e.path != "eager"}))
+        check = self._check_for(base_model, diffusion_model, options, x.device) if options.choose == "auto" else None
+        if check is not None and check.verdict == "eager":
+            return executor(*args, **kwargs)  # whole calls were not faster compiled: no dispatch at all
+        # Auto mode's first call of a model runs eagerly, timing each kind's share of it, if a kind has no path
+        # yet: kinds too small to matter are then never compiled (registry.MIN_CALL_SHARE).
+        profile = check is not None and not check.profiled and any(e.auto_path is None and e.failure is None
+                                                                    for e in entries)
+        # The whole-call check, once kinds have paths (a call that compiles or times is no sample; see below).
+        checking = (check is not None and check.verdict is None and not profile
+                    and any(e.path == "compiled" for e in entries))
+        call = CallRecord(x.device.type, profile=profile, eager_check=checking and check.next_path() == "eager")
+        progress = None if profile else _progress_bar(
+            len({e.key for e in entries if e.compiles == 0 and e.path != "eager"}))
         # A fully loaded model (ComfyUI's model_lowvram flag unset) has every weight on the compute device, so
         # the per-block offload check is only needed after a partial load.
         partial = getattr(base_model, "model_lowvram", True)
+        before = _settled_state(entries) if checking else None
         installed = []
         try:
             for site, entry in zip(sites, entries):
                 reason = cannot_compile_reason(site.module, x.device) if partial else None
                 site.module.__dict__[site.attribute] = BlockDispatcher(site, entry, options, allow_sdpa, reason,
-                                                                       progress)
+                                                                       progress, call)
                 installed.append(site)
-            return executor(*args, **kwargs)
+            if checking or profile:
+                wait_for_device(x.device.type)
+            start = time.perf_counter()
+            out = executor(*args, **kwargs)
+            if checking or profile:
+                wait_for_device(x.device.type)
+            seconds = time.perf_counter() - start
         finally:
             for site in installed:
                 site.module.__dict__.pop(site.attribute, None)
+        if profile:
+            check.profiled = True
+            for entry in entries:
+                if entry.key in call.kind_seconds:
+                    entry.note_call_share(call.kind_seconds[entry.key] / seconds)
+        # A call that compiled or timed a kind is no sample of either path's speed.
+        if checking and _settled_state(entries) == before:
+            check.record((tuple(x.shape), str(x.dtype), call.blocks), "eager" if call.eager_check else "compiled",
+                         seconds)
+        return out
+
+    def _check_for(self, base_model, diffusion_model: torch.nn.Module, options: CompileOptions,
+                   device: torch.device) -> StepCheck:
+        by_key = _checks.setdefault(diffusion_model, {})
+        key = (self.options.whole_model, options, str(device))
+        if key not in by_key:
+            by_key[key] = StepCheck(_model_label(base_model))
+            REGISTRY.note_step_check(by_key[key])
+        return by_key[key]
 
     def _entries_for(self, base_model, diffusion_model: torch.nn.Module, sites: list[BlockSite],
                      options: CompileOptions, device: torch.device) -> list[KindEntry]:
@@ -117,7 +178,7 @@ class CompiledApplyModel:
         key = (self.options.whole_model, options, str(device))
         if key not in by_key:
             by_key[key] = [REGISTRY.entry(site.kind, site.forward, options, device) for site in sites]
-            REGISTRY.note_model(f"{type(base_model).__name__}@{id(base_model):x}", {e.key for e in by_key[key]})
+            REGISTRY.note_model(_model_label(base_model), {e.key for e in by_key[key]})
         return by_key[key]
 
     def _sites_for(self, diffusion_model: torch.nn.Module) -> list[BlockSite]:
@@ -128,6 +189,15 @@ class CompiledApplyModel:
             log.info("[Accel] Compile Model: %d blocks of %d kinds in %s", len(by_scope[whole]),
                      len({s.kind for s in by_scope[whole]}), type(diffusion_model).__name__)
         return by_scope[whole]
+
+
+def _model_label(base_model) -> str:
+    return f"{type(base_model).__name__}@{id(base_model):x}"
+
+
+def _settled_state(entries: list[KindEntry]) -> tuple[int, int]:
+    """Compiles so far and kinds with a path chosen, over a model's entries: unchanged by a call that only ran."""
+    return sum(e.compiles for e in entries), sum(e.auto_path is not None or e.failure is not None for e in entries)
 
 
 def _settle_requires_grad(base_model, diffusion_model: torch.nn.Module) -> None:

@@ -32,6 +32,9 @@ log = logging.getLogger("comfyui_accel")
 TIMING_REPEATS = 3
 # Keep compiled only when it is faster by this margin, so timing noise cannot make us slower than eager.
 FASTER_MARGIN = 0.98
+# choose="auto" compiles a kind only if its blocks take at least this share of a UNet call when run eagerly:
+# compiling a kind costs about as much whatever its share, and can save at most its share of the call.
+MIN_CALL_SHARE = 0.04
 
 
 def device_signature(device: torch.device) -> tuple:
@@ -57,6 +60,12 @@ def _root_cause(err: BaseException) -> str:
         err = inner
     lines = str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def wait_for_device(device_type: str) -> None:
+    """CUDA runs kernels asynchronously: a timing must wait for them, or it measures only their launch."""
+    if device_type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _dynamo_frames() -> int:
@@ -132,6 +141,7 @@ class KindEntry:
         self.eager_calls: Counter[str] = Counter()
         self.recompile_reasons: list[str] = []
         self.timings: dict[str, float] = {}
+        self.call_share: float | None = None  # share of a UNet call its blocks took eagerly (choose="auto")
         # dynamic="auto": the first input shapes compile static; once another shape is seen, inputs are marked
         # dynamic (batch, and the first input's spatial dims) so that one more compile covers every later shape.
         self.first_shapes: tuple | None = None
@@ -230,12 +240,23 @@ class KindEntry:
         log.warning("[Accel] Compile Model: %s runs eagerly because compiling it failed (%s). The output is "
                     "unaffected; ACCEL_DISABLE_COMPILE=1 skips compiling altogether.", self.kind.label, why)
 
+    def note_call_share(self, share: float) -> None:
+        """choose="auto", before compiling: a kind too small to matter is not compiled at all."""
+        self.call_share = share
+        if share < MIN_CALL_SHARE and self.auto_path is None:
+            self.auto_path = "eager"
+            self.reason = (f"{100 * share:.1f}% of a UNet call when run eagerly (under {100 * MIN_CALL_SHARE:.0f}%): "
+                           "not worth compiling")
+            log.info("[Accel] %s: not compiled, %s", self.kind.label, self.reason)
+
     def _choose_path(self, block, make_call, args: tuple, kwargs: dict) -> None:
         def best_of(fn) -> float:
             times = []
             for _ in range(TIMING_REPEATS):
+                wait_for_device(self.device_type)
                 start = time.perf_counter()
                 fn()
+                wait_for_device(self.device_type)
                 times.append(time.perf_counter() - start)
             return min(times)
 
@@ -255,6 +276,7 @@ class KindEntry:
             "recompile_reasons": list(self.recompile_reasons), "compile_seconds": round(self.compile_seconds, 3),
             "cache_hits": self.cache_hits, "disk_cache": dict(self.disk_cache),
             "eager_calls": dict(self.eager_calls), "timings": self.timings,
+            "call_share": round(self.call_share, 4) if self.call_share is not None else None,
         }
 
 
@@ -263,6 +285,7 @@ class GraphRegistry:
         self._lock = threading.Lock()
         self._entries: dict[tuple, KindEntry] = {}
         self._models: dict[str, set[tuple]] = {}
+        self._step_checks: list = []  # choose="auto": each model's whole-call check (step_check.StepCheck)
 
     def entry(self, kind: BlockKind, forward: Callable, options: CompileOptions, device: torch.device) -> KindEntry:
         key = (kind.class_name, kind.signature, device_signature(device), torch.__version__,
@@ -284,14 +307,20 @@ class GraphRegistry:
         with self._lock:
             self._models.setdefault(model_label, set()).update(keys)
 
+    def note_step_check(self, check) -> None:
+        with self._lock:
+            self._step_checks.append(check)
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             entries = list(self._entries.values())
             models = {label: sorted(self._entries[k].name for k in keys) for label, keys in self._models.items()}
+            step_checks = {check.model_label: check.stats() for check in self._step_checks}
         kinds = [e.stats() for e in entries]
         return {
             "kinds": kinds,
             "models": models,
+            "whole_call_checks": step_checks,
             "totals": {
                 "kinds": len(kinds),
                 "compiles": sum(k["compiles"] for k in kinds),

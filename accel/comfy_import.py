@@ -1,0 +1,29 @@
+"""Import ComfyUI's core into a process of the pack's own (precompile, the dev tools, tests, benchmarks).
+
+ComfyUI reads its command-line flags when `comfy.model_management` is first imported, and its main.py imports
+`utils.extra_config` before `nodes` puts ComfyUI/comfy/ at the front of sys.path (after which `utils` would
+resolve to comfy/utils.py). This repeats those steps in that order, and nothing else. Never used inside a
+running ComfyUI, which has imported itself.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def import_comfyui_core(comfy_dir: Path, cpu: bool, **flags) -> None:
+    """`cpu` and any other `flags` (ComfyUI's own argument names, e.g. use_pytorch_cross_attention=True) are set
+    on ComfyUI's parsed args first; they take effect only if ComfyUI's core was not imported yet."""
+    if str(comfy_dir) not in sys.path:
+        sys.path.insert(0, str(comfy_dir))
+    import comfy.options  # noqa: F401  (ComfyUI parses an empty argv when imported, not this process's)
+    from comfy.cli_args import args
+
+    if "comfy.model_management" not in sys.modules:
+        args.cpu = cpu
+        for name, value in flags.items():
+            if not hasattr(args, name):
+                raise ValueError(f"ComfyUI at {comfy_dir} has no command-line flag {name!r}")
+            setattr(args, name, value)
+    import utils.extra_config  # noqa: F401
+    import comfy.model_management  # noqa: F401
