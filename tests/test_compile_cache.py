@@ -124,15 +124,22 @@ def test_export_and_import_move_the_cache(shared, tmp_path):
         pytest.skip("needs the cache written by the tests above")
     exported = tmp_path / "cache.zip"
     env = {**os.environ, "ACCEL_CACHE_DIR": str(shared["dir"])}
+    # auto mode's saved block shares travel too (the probes compile "always", so none were measured: two are
+    # written here in the file's own format); on import, shares already measured on the target machine win
+    env_id = next(p.name for p in shared["dir"].iterdir() if (p / "fingerprint.json").is_file())
+    (shared["dir"] / env_id / "auto_call_shares.json").write_text(json.dumps({"kind-a": 0.2, "kind-b": 0.01}))
     cli = [sys.executable, "-m", "accel", "cache"]
     out = subprocess.run([*cli, "export", str(exported)], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0 and "exported" in out.stdout, out.stderr
     target = tmp_path / "imported"
+    (target / env_id).mkdir(parents=True)
+    (target / env_id / "auto_call_shares.json").write_text(json.dumps({"kind-a": 0.5}))
     out = subprocess.run([*cli, "import", str(exported)], cwd=ROOT, capture_output=True, text=True,
                          env={**env, "ACCEL_CACHE_DIR": str(target)})
     assert out.returncode == 0 and "imported" in out.stdout, out.stderr + out.stdout
     source_files = {p.relative_to(shared["dir"]) for p in shared["dir"].glob("*/artifacts/*/*.bin")}
     assert {p.relative_to(target) for p in target.glob("*/artifacts/*/*.bin")} == source_files
+    assert json.loads((target / env_id / "auto_call_shares.json").read_text()) == {"kind-a": 0.5, "kind-b": 0.01}
     # a new process on the imported cache compiles nothing cold, C++ kernels included (a fraction of the time)
     run, _ = run_probe(target, tmp_path / "imported.pt")
     assert run["disk_cache"].get("fx_graph_misses", 0) == 0 and run["disk_cache"]["fx_graph_hits"] == run["compiles"]

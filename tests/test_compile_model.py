@@ -197,16 +197,39 @@ def test_auto_mode_never_compiles_kinds_too_small_to_matter(engine, comfy_nodes,
     assert len(skipped) >= 3 and all(k["path"] == "eager" and k["compiles"] == 0 for k in skipped), skipped
 
 
+def test_kind_shares_are_saved_for_later_processes(engine, comfy_nodes, compiled_small):
+    """A kind's share, which decides whether auto mode compiles it, is measured once per environment and saved
+    next to the compile cache: a new process's entry for that kind starts from it, so every process compiles the
+    same kinds and finds all of them in the persistent cache."""
+    import json
+
+    sample(engine.compile_model(compiled_small["model"], engine.CompileOptions()), steps=2)  # profiled by now
+    path = engine.saved_shares._path("cpu")
+    saved = json.loads(path.read_text())
+    site = next(s for s in engine.blocks.find_repeated_blocks(compiled_small["model"].model.diffusion_model)
+                if s.kind.label.startswith("SpatialTransformer"))
+    options = engine.CompileOptions()
+    key = (site.kind.class_name, site.kind.signature, ("cpu", None), torch.__version__, options.cache_key("cpu"))
+    fresh = engine.registry.KindEntry(key, site.kind, site.forward, options, "cpu")  # as a new process makes it
+    assert fresh.share_id in saved and 0 < saved[fresh.share_id] <= 1, (fresh.share_id, saved)
+    assert fresh.call_share == pytest.approx(saved[fresh.share_id])
+    shared = [k for k in engine.REGISTRY.stats()["kinds"] if k["kind"] == site.kind.label and k["call_share"]]
+    assert shared and fresh.call_share == pytest.approx(shared[0]["call_share"], abs=1e-4)
+
+
 @pytest.mark.parametrize("margin, verdict", [(0.0, "eager"), (1e9, "compiled")])
 def test_auto_mode_checks_whole_calls_and_keeps_the_faster(engine, comfy_nodes, compiled_small, monkeypatch,
                                                            margin, verdict):
-    """choose="auto", second stage: after the per-kind choice, real UNet calls alternate between the compiled
-    blocks and eager, and the model keeps the faster. The margin is forced so that each verdict is certain:
-    0 (compiled never counts as faster) and huge (it always does); the timing itself is real."""
+    """choose="auto", third stage: after the per-kind choice, real UNet calls alternate between the compiled
+    blocks and eager, and the model keeps the faster. The margins are forced so that each outcome is certain:
+    per kind, compiled always wins (else a noisy timing could leave no kind compiled, and nothing to check);
+    for whole calls, 0 (compiled never counts as faster) and huge (it always does). The timing itself is real."""
+    monkeypatch.setattr(engine.registry, "FASTER_MARGIN", 1e9)
     monkeypatch.setattr(engine.step_check, "FASTER_MARGIN", margin)
-    fresh = load(comfy_nodes)  # a new diffusion model, so a new check; its kinds are shared and compiled already
+    fresh = load(comfy_nodes)  # a new diffusion model, so a new check
     eager = sample(fresh, steps=10)
-    model = engine.compile_model(fresh, engine.CompileOptions())  # choose="auto"
+    # "static": entries of their own, so their per-kind choice is made here, under the forced margin
+    model = engine.compile_model(fresh, engine.CompileOptions(dynamic="static"))  # choose="auto"
     assert_close_to_eager(sample(model, steps=10), eager, "auto mode while checking whole calls")
     label = f"{type(model.model).__name__}@{id(model.model):x}"
     check = engine.REGISTRY.stats()["whole_call_checks"][label]

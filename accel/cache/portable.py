@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 from .location import environment_id, fingerprint
-from .store import unpack_artifact, write_atomic
+from .store import SHARES_FILE, unpack_artifact, write_atomic
 
 FORMAT = "comfyui-accel-compile-cache/1"
 
@@ -41,6 +41,10 @@ def export_cache(root: Path, destination: Path) -> dict:
                     name = path.relative_to(root).as_posix()  # <env id>/inductor/...
                     archive.write(path, name)
                     files.append(name)
+            shares = env_dir / SHARES_FILE
+            if shares.is_file():  # which kinds auto mode compiles: the same ones as on the exporting machine
+                archive.write(shares, shares.relative_to(root).as_posix())
+                files.append(shares.relative_to(root).as_posix())
             manifest["environments"].append({"env_id": env_dir.name, "files": files,
                                              "fingerprint": json.loads((env_dir / "fingerprint.json").read_text())})
         archive.writestr("manifest.json", json.dumps(manifest, indent=1))
@@ -75,10 +79,14 @@ def import_cache(root: Path, source: Path, device_types: tuple[str, ...]) -> lis
             for name in env["files"]:
                 parts = name.split("/")
                 artifact = len(parts) == 4 and parts[1] == "artifacts"
-                if parts[0] != env["env_id"] or not (artifact or parts[1] == "inductor") or ".." in parts or \
-                        "" in parts:
+                shares = parts[1:] == [SHARES_FILE]
+                if parts[0] != env["env_id"] or not (artifact or shares or parts[1] == "inductor") or \
+                        ".." in parts or "" in parts:
                     raise ValueError(f"{source}: unexpected entry {name!r}; the file is damaged or not an export")
                 data = archive.read(name)
+                if shares:  # merged: shares measured on this machine win
+                    imported += _merge_shares(root / name, data)
+                    continue
                 if artifact:
                     unpack_artifact(data)  # refuse a damaged file here rather than at a prompt
                 target = root / name
@@ -88,6 +96,25 @@ def import_cache(root: Path, source: Path, device_types: tuple[str, ...]) -> lis
             report.append(f"imported {imported} new files for {env['env_id']} "
                           f"({len(env['files']) - imported} already present)")
         return report
+
+
+def _merge_shares(target: Path, data: bytes) -> int:
+    try:
+        incoming = json.loads(data)
+    except ValueError as err:
+        raise ValueError(f"{target.name} in the export is not valid JSON ({err})")
+    if not isinstance(incoming, dict):
+        raise ValueError(f"{target.name} in the export is not a table of shares")
+    try:
+        existing = json.loads(target.read_text()) if target.is_file() else {}
+    except (OSError, ValueError):
+        existing = {}  # a damaged local file: the imported shares replace it
+    existing = existing if isinstance(existing, dict) else {}
+    merged = {**incoming, **existing}
+    if merged == existing:
+        return 0
+    write_atomic(target, json.dumps(merged, indent=1, sort_keys=True).encode())
+    return 1
 
 
 def _describe(found: dict) -> str:

@@ -7,6 +7,7 @@ Layout, one directory per environment (see location.py):
     <root>/<env id>/inductor/             torch's FX graph, AOTAutograd, kernel and autotuning caches
     <root>/<env id>/artifacts/<key>/*.bin Mega-Cache artifacts of one compile key (block kind + options)
     <root>/<env id>/artifacts/<key>/last_used
+    <root>/<env id>/auto_call_shares.json each block kind's share of a UNet call (compile/saved_shares.py)
 
 Torch is pointed at `inductor/` only for the length of the pack's own compiled calls (TORCHINDUCTOR_CACHE_DIR,
 restored afterwards), so compiles made by anything else in the process keep torch's default. The artifacts are
@@ -34,6 +35,7 @@ log = logging.getLogger("comfyui_accel")
 MAX_SIZE_ENV = "ACCEL_CACHE_MAX_GB"
 DEFAULT_MAX_GB = 10.0
 MAGIC = b"ACCEL-MEGA-CACHE 1\n"
+SHARES_FILE = "auto_call_shares.json"
 EVICT_EVERY_S = 30.0  # sizing a cache walks its files: at most this often per process
 
 

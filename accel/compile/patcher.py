@@ -121,10 +121,10 @@ class CompiledApplyModel:
         check = self._check_for(base_model, diffusion_model, options, x.device) if options.choose == "auto" else None
         if check is not None and check.verdict == "eager":
             return executor(*args, **kwargs)  # whole calls were not faster compiled: no dispatch at all
-        # Auto mode's first call of a model runs eagerly, timing each kind's share of it, if a kind has no path
-        # yet: kinds too small to matter are then never compiled (registry.MIN_CALL_SHARE).
-        profile = check is not None and not check.profiled and any(e.auto_path is None and e.failure is None
-                                                                    for e in entries)
+        # Auto mode's first call of a model runs eagerly, timing each kind's share of it, if a kind has neither a
+        # path nor a share (from this or an earlier process): kinds too small to matter are then never compiled.
+        profile = check is not None and not check.profiled and any(
+            e.auto_path is None and e.failure is None and e.call_share is None for e in entries)
         # The whole-call check, once kinds have paths (a call that compiles or times is no sample; see below).
         checking = (check is not None and check.verdict is None and not profile
                     and any(e.path == "compiled" for e in entries))
@@ -154,7 +154,7 @@ class CompiledApplyModel:
                 site.module.__dict__.pop(site.attribute, None)
         if profile:
             check.profiled = True
-            for entry in entries:
+            for entry in {e.key: e for e in entries}.values():  # one per kind (a kind has many blocks)
                 if entry.key in call.kind_seconds:
                     entry.note_call_share(call.kind_seconds[entry.key] / seconds)
         # A call that compiled or timed a kind is no sample of either path's speed.

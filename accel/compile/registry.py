@@ -27,6 +27,7 @@ from ..cache.store import key_id
 from .blocks import BlockKind
 from .cpu_isa import vec_isa_options
 from .options import CompileOptions
+from .saved_shares import save_share, saved_share
 
 log = logging.getLogger("comfyui_accel")
 TIMING_REPEATS = 3
@@ -142,11 +143,15 @@ class KindEntry:
         self.recompile_reasons: list[str] = []
         self.timings: dict[str, float] = {}
         self.call_share: float | None = None  # share of a UNet call its blocks took eagerly (choose="auto")
+        self.share_id = key_id(key[:4])  # the kind on this device and torch, whatever the options
         # dynamic="auto": the first input shapes compile static; once another shape is seen, inputs are marked
         # dynamic (batch, and the first input's spatial dims) so that one more compile covers every later shape.
         self.first_shapes: tuple | None = None
         self.mark_dynamic = False
         self.seen_inputs: set[tuple] = set()  # input signatures already run compiled (see _call_compiled)
+        share = saved_share(device_type, self.share_id)
+        if share is not None:
+            self.note_call_share(share, measured_here=False)
 
     # -- calls -----------------------------------------------------------------------------------
     def run_eager(self, block, args: tuple, kwargs: dict, reason: str):
@@ -240,13 +245,16 @@ class KindEntry:
         log.warning("[Accel] Compile Model: %s runs eagerly because compiling it failed (%s). The output is "
                     "unaffected; ACCEL_DISABLE_COMPILE=1 skips compiling altogether.", self.kind.label, why)
 
-    def note_call_share(self, share: float) -> None:
-        """choose="auto", before compiling: a kind too small to matter is not compiled at all."""
+    def note_call_share(self, share: float, measured_here: bool = True) -> None:
+        """choose="auto", before compiling: a kind too small to matter is not compiled at all. A share measured
+        here is saved for later processes (saved_shares.py)."""
         self.call_share = share
+        if measured_here:
+            save_share(self.device_type, self.share_id, share)
         if share < MIN_CALL_SHARE and self.auto_path is None:
             self.auto_path = "eager"
-            self.reason = (f"{100 * share:.1f}% of a UNet call when run eagerly (under {100 * MIN_CALL_SHARE:.0f}%): "
-                           "not worth compiling")
+            self.reason = (f"{100 * share:.1f}% of a UNet call when run eagerly (under {100 * MIN_CALL_SHARE:.0f}%"
+                           f"{'' if measured_here else ', measured earlier'}): not worth compiling")
             log.info("[Accel] %s: not compiled, %s", self.kind.label, self.reason)
 
     def _choose_path(self, block, make_call, args: tuple, kwargs: dict) -> None:
