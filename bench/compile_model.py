@@ -96,13 +96,18 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
         "pss_after_first_sampling_mib": pss_self, "pss_compile_workers_mib": pss_children,
     }
     if variant.startswith("accel"):
-        stats = engine.REGISTRY.stats()
-        result["accel_paths"] = {k["kind"]: k["path"] for k in stats["kinds"]}
-        result["accel_compile_seconds"] = stats["totals"]["compile_seconds"]
-        result["accel_call_shares"] = {k["kind"]: k["call_share"] for k in stats["kinds"]}
-        result["accel_whole_call_checks"] = [{k: c[k] for k in ("verdict", "reason", "calls_timed")}
-                                             for c in stats["whole_call_checks"].values()]
+        result.update(accel_summary(engine))
     return result
+
+
+def accel_summary(engine) -> dict:
+    """What Compile Model chose, from its stats: each kind's path and share, the whole-call verdicts."""
+    stats = engine.REGISTRY.stats()
+    return {"accel_paths": {k["kind"]: k["path"] for k in stats["kinds"]},
+            "accel_compile_seconds": stats["totals"]["compile_seconds"],
+            "accel_call_shares": {k["kind"]: k["call_share"] for k in stats["kinds"]},
+            "accel_whole_call_checks": [{k: c[k] for k in ("verdict", "reason", "calls_timed")}
+                                        for c in stats["whole_call_checks"].values()]}
 
 
 def main() -> None:

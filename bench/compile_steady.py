@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from compile_model import sampler, wrap  # noqa: E402
+from compile_model import accel_summary, sampler, wrap  # noqa: E402
 from fresh_process import run_variants, write_report  # noqa: E402
 
 
@@ -44,10 +44,7 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int, rounds: 
     result = {"variant": variant, "median_s_per_step": medians, "steps_timed": len(per_step["eager"]),
               "speed_vs_eager_same_process": medians["eager"] / medians[variant]}
     if engine is not None:
-        stats = engine.REGISTRY.stats()
-        result["accel_paths"] = {k["kind"]: k["path"] for k in stats["kinds"]}
-        result["accel_whole_call_checks"] = [{k: c[k] for k in ("verdict", "reason", "calls_timed")}
-                                             for c in stats["whole_call_checks"].values()]
+        result.update(accel_summary(engine))
     return result
 
 
