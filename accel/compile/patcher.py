@@ -22,6 +22,7 @@ from .blocks import (BlockSite, block_safe_options, cannot_compile_reason, find_
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
 from .registry import REGISTRY, KindEntry, wait_for_device
+from .saved_shares import save_shares
 from .step_check import StepCheck
 
 log = logging.getLogger("comfyui_accel")
@@ -154,9 +155,10 @@ class CompiledApplyModel:
                 site.module.__dict__.pop(site.attribute, None)
         if profile:
             check.profiled = True
-            for entry in {e.key: e for e in entries}.values():  # one per kind (a kind has many blocks)
-                if entry.key in call.kind_seconds:
-                    entry.note_call_share(call.kind_seconds[entry.key] / seconds)
+            measured = {e.key: e for e in entries if e.key in call.kind_seconds}  # one per kind, not per block
+            for entry in measured.values():
+                entry.note_call_share(call.kind_seconds[entry.key] / seconds)
+            save_shares(x.device.type, {e.share_id: e.call_share for e in measured.values()})
         # A call that compiled or timed a kind is no sample of either path's speed.
         if checking and _settled_state(entries) == before:
             check.record((tuple(x.shape), str(x.dtype), call.blocks), "eager" if call.eager_check else "compiled",

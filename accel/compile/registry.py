@@ -27,7 +27,7 @@ from ..cache.store import key_id
 from .blocks import BlockKind
 from .cpu_isa import vec_isa_options
 from .options import CompileOptions
-from .saved_shares import save_share, saved_share
+from .saved_shares import saved_share
 
 log = logging.getLogger("comfyui_accel")
 TIMING_REPEATS = 3
@@ -246,11 +246,9 @@ class KindEntry:
                     "unaffected; ACCEL_DISABLE_COMPILE=1 skips compiling altogether.", self.kind.label, why)
 
     def note_call_share(self, share: float, measured_here: bool = True) -> None:
-        """choose="auto", before compiling: a kind too small to matter is not compiled at all. A share measured
-        here is saved for later processes (saved_shares.py)."""
+        """choose="auto", before compiling: a kind too small to matter is not compiled at all. (The profile call
+        that measures shares saves them for later processes: saved_shares.py.)"""
         self.call_share = share
-        if measured_here:
-            save_share(self.device_type, self.share_id, share)
         if share < MIN_CALL_SHARE and self.auto_path is None:
             self.auto_path = "eager"
             self.reason = (f"{100 * share:.1f}% of a UNet call when run eagerly (under {100 * MIN_CALL_SHARE:.0f}%"

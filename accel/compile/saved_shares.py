@@ -11,20 +11,22 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from pathlib import Path
 
 from ..cache import COMPILE_CACHE
 from ..cache.store import SHARES_FILE, write_atomic
 
 log = logging.getLogger("comfyui_accel")
 _lock = threading.Lock()
+_known: dict[Path, dict] = {}  # each shares file as this process read or last wrote it: read once, not per kind
 
 
-def _path(device_type: str):
+def _path(device_type: str) -> Path | None:
     env = COMPILE_CACHE.environment(device_type)
     return env.dir / SHARES_FILE if env.check_usable() else None
 
 
-def _read(path) -> dict:
+def _read(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
@@ -34,19 +36,26 @@ def _read(path) -> dict:
 
 def saved_share(device_type: str, kind_id: str) -> float | None:
     path = _path(device_type)
-    value = _read(path).get(kind_id) if path is not None else None
+    if path is None:
+        return None
+    with _lock:
+        if path not in _known:
+            _known[path] = _read(path)
+        value = _known[path].get(kind_id)
     return float(value) if isinstance(value, (int, float)) and 0.0 <= value <= 1.0 else None
 
 
-def save_share(device_type: str, kind_id: str, share: float) -> None:
+def save_shares(device_type: str, shares: dict[str, float]) -> None:
+    """Add the shares one profile call measured, in one write."""
     path = _path(device_type)
-    if path is None:
+    if path is None or not shares:
         return
     with _lock:  # read, add, replace: another process's concurrent write may be lost, and is then re-measured
-        shares = _read(path)
-        shares[kind_id] = round(share, 5)
+        current = _read(path)  # from disk, to keep what other processes saved meanwhile
+        current.update({kind_id: round(share, 5) for kind_id, share in shares.items()})
+        _known[path] = current
         try:
-            write_atomic(path, json.dumps(shares, indent=1, sort_keys=True).encode())
+            write_atomic(path, json.dumps(current, indent=1, sort_keys=True).encode())
         except OSError as err:
             log.warning("[Accel] compile cache: could not save block shares to %s (%s); the next process measures "
                         "them again.", path, err)

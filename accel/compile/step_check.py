@@ -1,14 +1,15 @@
-"""choose="auto", second stage: keep a model's compiled blocks only if whole UNet calls are faster with them.
+"""choose="auto", third stage: keep a model's compiled blocks only if whole UNet calls are faster with them.
 
-The first stage (registry.KindEntry._choose_path) times each block kind alone on its first call and keeps the
-faster path per kind. That is not enough: a kind can win alone and still make the whole call slower (measured
-on a CPU, docs/benchmarks/compile_model.md: the kinds that won alone made whole steps 7% slower, as compiled
-kernels and eager operators take turns on the same threads and caches). So once every kind of a model has its
-path, the model's next UNet calls alternate between the chosen paths and plain eager. These are the sampler's
-real calls, so the check costs no extra work. When one kind of call (same input shape, same number of block
-calls, so DeepCache's shallow calls are never compared with full ones) has been timed enough on both sides, the
-model keeps its compiled blocks only if they were faster by a margin; otherwise it runs eagerly from then on,
-with no per-block dispatch at all. The verdict holds for the model, its clones and its options on that device.
+The earlier stages leave kinds too small to matter uncompiled (patcher's profile call) and time each other kind
+alone on its first call, keeping the faster path per kind (registry.KindEntry._choose_path). That is not enough:
+kinds can win alone and still make the whole call slower (measured on a CPU, docs/benchmarks/compile_model.md:
+the kinds that won alone made whole steps 7% slower; why was not measured). So once the kinds of a model have
+their paths, the model's next UNet calls alternate between the chosen paths and plain eager. These are the
+sampler's real calls, so the check costs no extra work. When one kind of call (same input shape, same number of
+block calls, so DeepCache's shallow calls are never compared with full ones) has been timed enough on both
+sides, the model keeps its compiled blocks only if they were faster by a margin; otherwise it runs eagerly from
+then on, with no per-block dispatch at all. The verdict holds for the model, its clones and its options on that
+device.
 """
 from __future__ import annotations
 
