@@ -17,6 +17,7 @@ SWITCHES = {
     "max_autotune": "ACCEL_DISABLE_MAX_AUTOTUNE",
     "bf16": "ACCEL_DISABLE_BF16",
     "sdpa_in_compiled_blocks": "ACCEL_DISABLE_SDPA_IN_COMPILED_BLOCKS",
+    "background_compile": "ACCEL_DISABLE_BACKGROUND_COMPILE",
 }
 
 
@@ -124,5 +125,12 @@ def _sdpa_in_compiled_blocks(p: DeviceProbe, decided):
     return decided["compile"].allowed, "PyTorch SDPA replaces graph-breaking attention inside compiled blocks"
 
 
+def _background_compile(p: DeviceProbe, decided):
+    if not decided["compile"].allowed:
+        return False, "nothing is compiled"
+    # A child process of its own: on CUDA it opens a second CUDA context (a few hundred MiB of VRAM).
+    return True, "cold compiles run in a child process while blocks run eagerly"
+
+
 _RULES = {"compile": _compile, "cuda_graphs": _cuda_graphs, "max_autotune": _max_autotune, "bf16": _bf16,
-          "sdpa_in_compiled_blocks": _sdpa_in_compiled_blocks}
+          "sdpa_in_compiled_blocks": _sdpa_in_compiled_blocks, "background_compile": _background_compile}

@@ -1,6 +1,7 @@
 """Cold start: a second process on the first one's persistent compile cache.
 
-Full-size SD1.5 UNet (accel-sd15-a), Compile Model with its defaults, 32x32 latent, cfg (UNet batch 2), euler.
+Full-size SD1.5 UNet (accel-sd15-a), Compile Model with its defaults but compiling in the sampling process
+(background=False), 32x32 latent, cfg (UNet batch 2), euler.
 Two fresh processes share one empty ACCEL_CACHE_DIR: the first compiles cold and fills it, the second starts
 warm. Reported: each process's compile seconds (the registry's sum over compiled calls), torch's on-disk cache
 hits and misses, and first-sampling latency; the ratio second/first of compile seconds is the target (<= 0.20).
@@ -33,7 +34,9 @@ def run_process(variant: str, model_name: str, steps: int, latent: int) -> dict:
 
     engine = load_pack().accel.compile
     (model,) = nodes.UNETLoader().load_unet(model_name, "default")
-    model = engine.compile_model(model, engine.CompileOptions())
+    # The persistent cache's effect on a compile in this process; the background compile (which takes the cold
+    # compile off the first sampling) is measured by compile_model.py.
+    model = engine.compile_model(model, engine.CompileOptions(background=False))
     ready = time.perf_counter()
     context = torch.randn(1, 77, 768, generator=torch.Generator().manual_seed(0))
     latent_image = torch.zeros(1, 4, latent, latent)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from compile_model import accel_summary, sampler, wrap  # noqa: E402
+from compile_model import accel_summary, sampler, wait_for_background, wrap  # noqa: E402
 from fresh_process import run_variants, write_report  # noqa: E402
 
 
@@ -35,6 +35,7 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int, rounds: 
     runs = {"eager": sampler(eager), variant: sampler(compiled)}
     for sample in runs.values():  # warm-up: loading, compiling, and auto mode's choices (about 6 UNet calls)
         sample(latent, steps)
+        wait_for_background(engine)  # Compile Model's cold compile in a child process, if any
         sample(latent, steps)
     per_step: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):

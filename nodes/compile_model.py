@@ -10,7 +10,8 @@ class CompileModel:
     DISPLAY_NAME = "Compile Model (Accel)"
     CATEGORY = CATEGORY
     DESCRIPTION = ("torch.compile for the diffusion model behind a shared compiled-graph cache. Nothing is compiled "
-                   "when this node runs: compilation happens at the first sampling step that needs it.")
+                   "when this node runs: compilation happens at the first sampling step that needs it, with "
+                   "choose=auto in a background process while the blocks run eagerly.")
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "apply"
 
@@ -28,13 +29,17 @@ class CompileModel:
         }, "optional": {
             "choose": (list(CHOOSE), {"default": "auto", "tooltip": "auto: skip block kinds too small to matter, "
                                       "time compiled against eager per kind, then whole steps; keep the faster."}),
+            "background": ("BOOLEAN", {"default": True, "tooltip": "choose=auto: a cold compile runs in a child "
+                                       "process while the blocks run eagerly; the next steps or prompts pick the "
+                                       "compiled blocks up. Off: compile at the first step that needs it."}),
         }}
 
-    def apply(self, model, mode, dynamic, scope, choose="auto"):
-        options = CompileOptions(mode=mode, dynamic=dynamic, scope=scope, choose=choose)
+    def apply(self, model, mode, dynamic, scope, choose="auto", background=True):
+        options = CompileOptions(mode=mode, dynamic=dynamic, scope=scope, choose=choose, background=background)
         telemetry.record("compile_model", "applied", options={"mode": mode, "dynamic": dynamic, "scope": scope,
-                                                                "choose": choose})
-        log.info("[Accel] Compile Model: %s; compiles lazily at the first sampling step", options)
+                                                                "choose": choose, "background": background})
+        log.info("[Accel] Compile Model: %s; compiles lazily at the first sampling step%s", options,
+                 " (in the background)" if options.compiles_in_background else "")
         return (compile_model(model, options),)
 
 

@@ -6,6 +6,12 @@ each measures the change over what it does.
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -229,7 +235,8 @@ def test_auto_mode_checks_whole_calls_and_keeps_the_faster(engine, comfy_nodes, 
     fresh = load(comfy_nodes)  # a new diffusion model, so a new check
     eager = sample(fresh, steps=10)
     # "static": entries of their own, so their per-kind choice is made here, under the forced margin
-    model = engine.compile_model(fresh, engine.CompileOptions(dynamic="static"))  # choose="auto"
+    # (compiled here, not in the background: the timing of every stage is this process's)
+    model = engine.compile_model(fresh, engine.CompileOptions(dynamic="static", background=False))  # choose="auto"
     assert_close_to_eager(sample(model, steps=10), eager, "auto mode while checking whole calls")
     label = f"{type(model.model).__name__}@{id(model.model):x}"
     check = engine.REGISTRY.stats()["whole_call_checks"][label]
@@ -303,3 +310,79 @@ def test_failing_compile_falls_back_to_eager_with_one_warning(engine, compiled_s
     warnings = [r.getMessage() for r in caplog.records if "injected compile failure" in r.getMessage()]
     assert warnings and all("runs eagerly" in w for w in warnings)
     assert len(warnings) == len({w.split(" runs eagerly")[0] for w in warnings}), "one warning per block kind"
+
+
+BACKGROUND_PROBE = Path(__file__).with_name("background_probe.py")
+
+
+def test_auto_mode_compiles_cold_kinds_in_the_background(tmp_path):
+    """choose="auto" in a new install (an empty compile cache, in a fresh process): the first sampling compiles
+    nothing in the sampling process and equals eager exactly, while a child process compiles the kinds worth it.
+    Once the child is done, the next sampling loads every one of its graphs from the persistent cache (torch's
+    own hit counters, no miss: the child compiled what this process asks for), and later samplings compile
+    nothing. Outputs stay within the compiled tolerance of eager."""
+    env = {**os.environ, "ACCEL_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(BACKGROUND_PROBE)], capture_output=True, text=True, env=env,
+                          timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    while_compiling, after_child, warm = result["samplings"]
+    assert while_compiling["frames"] == 0, "the first sampling compiled in the sampling process"
+    assert while_compiling["max_abs_diff"] == 0.0, "blocks waiting for the background compile did not run eagerly"
+    assert result["waited"], "the background compile did not finish"
+    jobs = result["stats"]["background"]["finished"]
+    assert len(jobs) == 1 and jobs[0]["returncode"] == 0 and not jobs[0]["failed"], jobs
+    kinds = result["stats"]["kinds"]
+    done = {k["kind"] for k in kinds if k["background"]["state"] == "done"}
+    assert done and done == set(jobs[0]["kinds"]), (done, jobs)
+    for kind in kinds:  # kinds too small to matter were never sent to the child
+        if kind["kind"] not in done:
+            assert kind["path"] == "eager" and "not worth compiling" in kind["reason"], kind
+    assert after_child["frames"] >= len(done)
+    assert after_child["fx_graph_hits"] == after_child["frames"] and after_child["fx_graph_misses"] == 0, after_child
+    assert warm["frames"] == 0, "a sampling after the graphs were loaded compiled again"
+    for sampling in (after_child, warm):
+        assert sampling["max_abs_diff"] <= 2e-5 * sampling["eager_max_abs"], sampling
+
+
+def test_block_skeletons_carry_layouts_not_weights(engine, comfy_nodes):
+    """What the background compiler sends to its child: a block's structure with each tensor's shape, strides,
+    dtype and flags, rebuilt there as new tensors of that layout; no weight value leaves the process."""
+    model = load(comfy_nodes)
+    block = next(s.module for s in engine.blocks.find_repeated_blocks(model.model.diffusion_model)
+                 if s.kind.label.startswith("SpatialTransformer"))
+    data = engine.background.dump_skeleton(block)
+    weights = sum(p.numel() * p.element_size() for p in block.parameters())
+    assert len(data) < weights / 20, (len(data), weights)  # layouts, not values
+    copy = engine.background.load_skeleton(data)
+    assert type(copy) is type(block)
+    assert engine.blocks.BlockKind.of(copy) == engine.blocks.BlockKind.of(block)  # the same kind, so the same key
+    for (name, theirs), ours in zip(copy.named_parameters(), block.parameters()):
+        assert (theirs.shape, theirs.stride(), theirs.dtype, theirs.requires_grad) == \
+               (ours.shape, ours.stride(), ours.dtype, ours.requires_grad), name
+        assert type(theirs) is torch.nn.Parameter and theirs._base is None, name
+
+
+def test_a_block_that_cannot_be_sent_to_the_child_compiles_here(engine, comfy_nodes, tmp_path, caplog):
+    """A block holding something that does not pickle (here a lambda another node might have attached) is not
+    sent: no child starts, the kind is marked to compile in this process at its next call, and the log says
+    why. The user's block is left as it was."""
+    model = load(comfy_nodes)
+    site = next(s for s in engine.blocks.find_repeated_blocks(model.model.diffusion_model)
+                if s.kind.label.startswith("ResBlock"))
+    site.module.accel_test_hook = lambda: None
+    options = engine.CompileOptions()
+    key = (site.kind.class_name, site.kind.signature, ("cpu", None), "test-" + torch.__version__,
+           options.cache_key("cpu"))  # an entry outside the registry, so no other test sees its state
+    entry = engine.registry.KindEntry(key, site.kind, site.forward, options, "cpu")
+    capture = engine.background.Capture(entry, site.module, "forward", False, False)
+    args = (torch.zeros(2, 320, 8, 8), torch.zeros(2, 1280))
+    capture.add_call(engine.registry.input_signature(args, {}), args, {})
+    compiler = engine.background.BackgroundCompiler()
+    with caplog.at_level("WARNING", logger="comfyui_accel"):
+        assert not compiler.launch([capture], tmp_path / "env")
+    assert not compiler.busy and not (tmp_path / "env").exists(), "a child was started for nothing it could use"
+    assert entry.background == "failed" and not entry.needs_background()  # compiled here at its next call
+    assert "cannot be sent to a child process" in entry.background_reason
+    assert "lambda" in caplog.text and site.kind.label in caplog.text
+    assert callable(site.module.accel_test_hook)

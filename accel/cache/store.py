@@ -161,6 +161,10 @@ class EnvironmentCache:
                                 "ACCEL_CACHE_DIR to a writable directory.", self.dir, self.problem)
         return self.usable
 
+    def has_artifacts(self, ident: str) -> bool:
+        """Whether compile key `ident` has saved artifacts here (from this machine, precompile or an import)."""
+        return any((self.artifacts_dir / ident).glob("*.bin"))
+
     # -- artifacts ------------------------------------------------------------------------------------
     def _load(self, ident: str) -> None:
         """Once per process and key: hand this key's artifacts to torch, which writes them into `inductor/`

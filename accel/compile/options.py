@@ -19,6 +19,8 @@ class CompileOptions:
     scope: str = "auto"
     # auto: skip kinds too small to matter, time compiled against eager per kind, then whole calls (step_check).
     choose: str = "auto"
+    # choose="auto": a kind's cold compile runs in a child process while its blocks run eagerly (background.py).
+    background: bool = True
     backend: str = "inductor"
 
     def __post_init__(self):
@@ -32,6 +34,12 @@ class CompileOptions:
     def whole_model(self) -> bool:
         return self.scope == "whole model" and self.mode != "low-memory"
 
+    @property
+    def compiles_in_background(self) -> bool:
+        """Only auto mode may run blocks eagerly until they are compiled ("always compiled" means compiled from
+        the first call), and low-memory mode promises no extra processes."""
+        return self.background and self.choose == "auto" and self.mode != "low-memory" and not self.whole_model
+
     def torch_compile_kwargs(self, device_type: str) -> dict:
         """kwargs for torch.compile (the hardware policy has already turned modes this device lacks into default)."""
         dynamic = {"auto": None, "static": False, "dynamic": True}[self.dynamic]
@@ -43,6 +51,7 @@ class CompileOptions:
 
     def cache_key(self, device_type: str) -> tuple:
         """What of these options changes the compiled code. `choose` does not (it picks between compiled and
-        eager), and neither does `scope` (a whole model and a block are different kinds anyway)."""
+        eager), `background` does not (it says where), and neither does `scope` (a whole model and a block are
+        different kinds anyway)."""
         kwargs = self.torch_compile_kwargs(device_type)
         return (kwargs["backend"], self.mode, kwargs["dynamic"])

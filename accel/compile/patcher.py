@@ -16,12 +16,14 @@ import weakref
 
 import torch
 
+from ..cache import COMPILE_CACHE
 from .attention import compiled_block_options
+from .background import BACKGROUND, Capture
 from .blocks import (BlockSite, block_safe_options, cannot_compile_reason, find_repeated_blocks,
                      whole_model_safe_options, whole_model_site)
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
-from .registry import REGISTRY, KindEntry, wait_for_device
+from .registry import REGISTRY, KindEntry, input_signature, wait_for_device
 from .saved_shares import save_shares
 from .step_check import StepCheck
 
@@ -60,6 +62,10 @@ class BlockDispatcher:
     def __call__(self, *args, **kwargs):
         block, entry, call = self.site.module, self.entry, self.call
         call.blocks += 1
+        if call.captures is not None and not self.eager_reason:
+            waiting = self._background(block, entry, call, args, kwargs)
+            if waiting and not call.profile:
+                return entry.run_eager(block, args, kwargs, waiting)
         if call.profile:  # the first call in auto mode: eager, each kind's share of the call timed
             wait_for_device(call.device_type)
             start = time.perf_counter()
@@ -71,31 +77,61 @@ class BlockDispatcher:
             return entry.forward(block, *args, **kwargs)
         if self.eager_reason:
             return entry.run_eager(block, args, kwargs, self.eager_reason)
-        make_call = lambda: (args, kwargs)  # noqa: E731
-        if self.site.call_signature is not None:
-            bound = self.site.call_signature.bind(*args, **kwargs)
-            options = bound.arguments.get(self.site.options_arg) or {}
-            safe = whole_model_safe_options(options) if self.site.whole_model else block_safe_options(options)
-            if safe is None:
-                return entry.run_eager(block, args, kwargs, "another node patched the attention or the UNet")
-
-            def make_call():
-                # fresh each call: blocks write into their transformer_options
-                bound.arguments[self.site.options_arg] = compiled_block_options(self.allow_sdpa)
-                return bound.args, bound.kwargs
-
+        make_call = self._make_call(args, kwargs)
+        if make_call is None:
+            return entry.run_eager(block, args, kwargs, "another node patched the attention or the UNet")
         first_compile = entry.compiles == 0
         out = entry.run(block, make_call, args, kwargs, self.choose)
         if first_compile and entry.compiles and self.progress is not None:
             self.progress.update(1)
         return out
 
+    def _make_call(self, args: tuple, kwargs: dict):
+        """A function building fresh (args, kwargs) for a compiled call of this block, or None when this call
+        must run eagerly (another node patched what the block computes)."""
+        if self.site.call_signature is None:
+            return lambda: (args, kwargs)
+        bound = self.site.call_signature.bind(*args, **kwargs)
+        options = bound.arguments.get(self.site.options_arg) or {}
+        safe = whole_model_safe_options(options) if self.site.whole_model else block_safe_options(options)
+        if safe is None:
+            return None
+
+        def make_call():
+            # fresh each call: blocks write into their transformer_options
+            bound.arguments[self.site.options_arg] = compiled_block_options(self.allow_sdpa)
+            return bound.args, bound.kwargs
+
+        return make_call
+
+    def _background(self, block, entry: KindEntry, call: "CallRecord", args: tuple, kwargs: dict) -> str | None:
+        """Why this block runs eagerly while its kind compiles in the background, or None when it does not.
+        The first block of a kind that must be compiled cold is captured for the child process."""
+        capture = call.captures.get(entry.key)
+        if entry.waiting_for_background and capture is None:
+            return "compiling in the background"
+        if capture is None:
+            if not entry.needs_background():
+                return None
+            capture = Capture(entry, block, self.site.attribute, torch.is_grad_enabled(),
+                              torch.is_inference_mode_enabled())
+        make_call = self._make_call(args, kwargs)
+        if make_call is None:
+            return "compiling in the background" if entry.waiting_for_background else None  # capture a later one
+        call_args, call_kwargs = make_call()
+        capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
+        call.captures[entry.key] = capture
+        entry.background = "queued"
+        return "compiling in the background"
+
 
 class CallRecord:
     """One apply_model call: how it runs (profile, or the eager side of the whole-call check), what it ran."""
 
-    def __init__(self, device_type: str, profile: bool = False, eager_check: bool = False):
+    def __init__(self, device_type: str, profile: bool = False, eager_check: bool = False,
+                 background: bool = False):
         self.device_type, self.profile, self.eager_check = device_type, profile, eager_check
+        self.captures: dict[tuple, Capture] | None = {} if background else None  # for the background compiler
         self.blocks = 0
         self.kind_seconds: dict[tuple, float] = {}  # profile calls: seconds per kind key
 
@@ -120,6 +156,9 @@ class CompiledApplyModel:
         _settle_requires_grad(base_model, diffusion_model)
         entries = self._entries_for(base_model, diffusion_model, sites, options, x.device)
         check = self._check_for(base_model, diffusion_model, options, x.device) if options.choose == "auto" else None
+        background = options.compiles_in_background and policy.allows("background_compile")
+        if background:
+            BACKGROUND.poll()  # a finished child hands its kinds back here
         if check is not None and check.verdict == "eager":
             return executor(*args, **kwargs)  # whole calls were not faster compiled: no dispatch at all
         # Auto mode's first call of a model runs eagerly, timing each kind's share of it, if a kind has neither a
@@ -128,10 +167,14 @@ class CompiledApplyModel:
             e.auto_path is None and e.failure is None and e.call_share is None for e in entries)
         # The whole-call check, once kinds have paths (a call that compiles or times is no sample; see below).
         checking = (check is not None and check.verdict is None and not profile
-                    and any(e.path == "compiled" for e in entries))
-        call = CallRecord(x.device.type, profile=profile, eager_check=checking and check.next_path() == "eager")
-        progress = None if profile else _progress_bar(
-            len({e.key for e in entries if e.compiles == 0 and e.path != "eager"}))
+                    and any(e.path == "compiled" for e in entries)
+                    and not any(e.waiting_for_background for e in entries))
+        call = CallRecord(x.device.type, profile=profile, eager_check=checking and check.next_path() == "eager",
+                          background=background and not checking)
+        # the progress bar counts kinds compiled in this call's process (those loading the child's work included)
+        progress = None if profile else _progress_bar(len({
+            e.key for e in entries if e.compiles == 0 and e.path != "eager"
+            and (not background or e.background in ("not needed", "done", "failed"))}))
         # A fully loaded model (ComfyUI's model_lowvram flag unset) has every weight on the compute device, so
         # the per-block offload check is only needed after a partial load.
         partial = getattr(base_model, "model_lowvram", True)
@@ -159,11 +202,22 @@ class CompiledApplyModel:
             for entry in measured.values():
                 entry.note_call_share(call.kind_seconds[entry.key] / seconds)
             save_shares(x.device.type, {e.share_id: e.call_share for e in measured.values()})
+        if call.captures:
+            self._launch_background(list(call.captures.values()), x.device.type)
         # A call that compiled or timed a kind is no sample of either path's speed.
         if checking and _settled_state(entries) == before:
             check.record((tuple(x.shape), str(x.dtype), call.blocks), "eager" if call.eager_check else "compiled",
                          seconds)
         return out
+
+    @staticmethod
+    def _launch_background(captures: list[Capture], device_type: str) -> None:
+        # after a profile call, kinds too small to matter are eager for good: nothing to compile for them
+        wanted = [c for c in captures if c.entry.auto_path is None and c.entry.failure is None]
+        for capture in captures:
+            if capture not in wanted:
+                capture.entry.background = "not needed"
+        BACKGROUND.launch(wanted, COMPILE_CACHE.environment(device_type).dir)  # kinds it cannot send: compiled here
 
     def _check_for(self, base_model, diffusion_model: torch.nn.Module, options: CompileOptions,
                    device: torch.device) -> StepCheck:

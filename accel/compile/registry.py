@@ -24,6 +24,7 @@ import torch
 
 from ..cache import COMPILE_CACHE
 from ..cache.store import key_id
+from .background import BACKGROUND
 from .blocks import BlockKind
 from .cpu_isa import vec_isa_options
 from .options import CompileOptions
@@ -106,7 +107,7 @@ def compile_kwargs(options: CompileOptions, device_type: str) -> dict:
     return kwargs
 
 
-def _input_signature(args: tuple, kwargs: dict) -> tuple:
+def input_signature(args: tuple, kwargs: dict) -> tuple:
     """What of a call's inputs Dynamo guards on: tensor shapes, dtypes and devices, scalar values, grad mode."""
     def describe(value):
         if isinstance(value, torch.Tensor):
@@ -149,9 +150,41 @@ class KindEntry:
         self.first_shapes: tuple | None = None
         self.mark_dynamic = False
         self.seen_inputs: set[tuple] = set()  # input signatures already run compiled (see _call_compiled)
+        # choose="auto" (background.py): None until decided, then "queued" (captured in this call), "pending" (a
+        # child compiles it), "done", "failed" (compile here), or "not needed" (the persistent cache has it).
+        self.background: str | None = None
+        self.background_reason = ""
+        self.background_seconds: float | None = None  # the child's compile of this kind
         share = saved_share(device_type, self.share_id)
         if share is not None:
             self.note_call_share(share, measured_here=False)
+
+    # -- background compiles (background.py) ---------------------------------------------------------------
+    @property
+    def waiting_for_background(self) -> bool:
+        return self.background in ("queued", "pending")
+
+    def needs_background(self) -> bool:
+        """True the first time this kind must be compiled cold: never compiled here, no path chosen, and no
+        artifacts of its key in the persistent cache (those load in a fraction of a compile, so they load here)."""
+        if self.background is not None:
+            return False
+        if self.compiles or self.seen_inputs or self.auto_path is not None or self.failure:
+            self.background = "not needed"
+            return False
+        env = COMPILE_CACHE.environment(self.device_type)
+        if not env.check_usable() or env.has_artifacts(self.cache_id):
+            self.background = "not needed"
+            return False
+        return True
+
+    def background_done(self, seconds: float) -> None:
+        self.background, self.background_seconds = "done", seconds
+        self.background_reason = f"compiled in a child process in {seconds:.1f} s"
+
+    def background_failed(self, why: str) -> None:
+        self.background, self.background_reason = "failed", f"background compile failed: {why}; compiled here"
+        log.warning("[Accel] %s: %s", self.kind.label, self.background_reason)
 
     # -- calls -----------------------------------------------------------------------------------
     def run_eager(self, block, args: tuple, kwargs: dict, reason: str):
@@ -160,7 +193,7 @@ class KindEntry:
 
     @property
     def path(self) -> str:
-        if self.failure:
+        if self.failure or self.waiting_for_background:
             return "eager"
         return self.auto_path or "compiled"
 
@@ -194,7 +227,7 @@ class KindEntry:
         merely not persisted."""
         call_args, call_kwargs = make_call()
         self._mark_shapes(call_args, call_kwargs)
-        signature = _input_signature(call_args, call_kwargs)
+        signature = input_signature(call_args, call_kwargs)
         if signature in self.seen_inputs:
             return self.compiled(block, *call_args, **call_kwargs)
         disk = disk_cache_counters()
@@ -283,6 +316,8 @@ class KindEntry:
             "cache_hits": self.cache_hits, "disk_cache": dict(self.disk_cache),
             "eager_calls": dict(self.eager_calls), "timings": self.timings,
             "call_share": round(self.call_share, 4) if self.call_share is not None else None,
+            "background": {"state": self.background, "reason": self.background_reason,
+                           "seconds": self.background_seconds},
         }
 
 
@@ -336,6 +371,7 @@ class GraphRegistry:
                 "disk_cache": dict(sum((Counter(k["disk_cache"]) for k in kinds), Counter())),
             },
             "compile_cache": COMPILE_CACHE.stats(),
+            "background": BACKGROUND.stats(),
         }
 
 

@@ -1,0 +1,60 @@
+"""Run in a fresh process by test_compile_model.py, with an empty ACCEL_CACHE_DIR: Compile Model's defaults
+(choose="auto", background compile) on the small model, as a user's first workflow in a new install meets them.
+
+    python tests/background_probe.py [--steps 4]
+
+Samples the model eagerly, then compiled three times: the first sampling while the child process compiles,
+then (after waiting for the child) the sampling that loads its graphs from the persistent cache, then one more.
+Prints one JSON line: Dynamo frames and torch's on-disk cache counters around each sampling, the outputs'
+largest difference from eager, and the registry's stats.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+sys.path.append(str(ROOT / "tests"))
+
+from tools.comfy_env import load_pack  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+
+    engine = load_pack().accel.compile
+    import nodes
+    from compile_helpers import dynamo_frames, load, sample
+
+    def counters() -> dict:
+        return {"frames": dynamo_frames(), **engine.registry.disk_cache_counters()}
+
+    def delta(before: dict, after: dict) -> dict:
+        return {k: after[k] - before[k] for k in after}
+
+    model = load(nodes)
+    eager = sample(model, steps=args.steps)
+    compiled = engine.compile_model(model, engine.CompileOptions())
+    result = {"samplings": []}
+    for label in ("while compiling", "after the child", "warm"):
+        if label == "after the child":
+            start = time.perf_counter()
+            result["waited"] = engine.background.BACKGROUND.wait(timeout=900)
+            result["wait_seconds"] = round(time.perf_counter() - start, 1)
+        before = counters()
+        out = sample(compiled, steps=args.steps)
+        result["samplings"].append({"label": label, **delta(before, counters()),
+                                    "max_abs_diff": (out - eager).abs().max().item(),
+                                    "eager_max_abs": eager.abs().max().item()})
+    result["stats"] = engine.REGISTRY.stats()
+    print("RESULT " + json.dumps(result, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()
