@@ -169,8 +169,10 @@ class CompiledApplyModel:
         checking = (check is not None and check.verdict is None and not profile
                     and any(e.path == "compiled" for e in entries)
                     and not any(e.waiting_for_background for e in entries))
+        # Kinds never compiled (another model's, other options') go to the background even during the check; a
+        # call that sends any is no sample (_settled_state), and no call is one while kinds wait for a child.
         call = CallRecord(x.device.type, profile=profile, eager_check=checking and check.next_path() == "eager",
-                          background=background and not checking)
+                          background=background)
         # the progress bar counts kinds compiled in this call's process (those loading the child's work included)
         progress = None if profile else _progress_bar(len({
             e.key for e in entries if e.compiles == 0 and e.path != "eager"
@@ -251,9 +253,11 @@ def _model_label(base_model) -> str:
     return f"{type(base_model).__name__}@{id(base_model):x}"
 
 
-def _settled_state(entries: list[KindEntry]) -> tuple[int, int]:
-    """Compiles so far and kinds with a path chosen, over a model's entries: unchanged by a call that only ran."""
-    return sum(e.compiles for e in entries), sum(e.auto_path is not None or e.failure is not None for e in entries)
+def _settled_state(entries: list[KindEntry]) -> tuple[int, int, int]:
+    """Compiles so far, kinds with a path chosen and kinds sent to a background compile, over a model's entries:
+    unchanged by a call that only ran."""
+    return (sum(e.compiles for e in entries), sum(e.auto_path is not None or e.failure is not None for e in entries),
+            sum(e.background is not None for e in entries))
 
 
 def _settle_requires_grad(base_model, diffusion_model: torch.nn.Module) -> None:
