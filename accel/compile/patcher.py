@@ -159,6 +159,8 @@ class CompiledApplyModel:
         background = options.compiles_in_background and policy.allows("background_compile")
         if background:
             BACKGROUND.poll()  # a finished child hands its kinds back here
+            # once every kind is decided and none waits, blocks dispatch as without a background compiler
+            background = any(e.background is None or e.waiting_for_background for e in entries)
         if check is not None and check.verdict == "eager":
             return executor(*args, **kwargs)  # whole calls were not faster compiled: no dispatch at all
         # Auto mode's first call of a model runs eagerly, timing each kind's share of it, if a kind has neither a
