@@ -128,7 +128,7 @@ def _sdpa_in_compiled_blocks(p: DeviceProbe, decided):
 def _background_compile(p: DeviceProbe, decided):
     if not decided["compile"].allowed:
         return False, "nothing is compiled"
-    # A child process of its own: on CUDA it opens a second CUDA context (a few hundred MiB of VRAM).
+    # A child process of its own: on CUDA it opens a second CUDA context (its VRAM cost is not measured yet).
     return True, "cold compiles run in a child process while blocks run eagerly"
 
 

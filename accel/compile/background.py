@@ -18,6 +18,7 @@ or a child that fails, sends the kind back to compiling here at its next call, a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import io
 import json
@@ -260,8 +261,6 @@ def _device_of(capture: Capture) -> torch.device:
 
 
 def _options_dict(options) -> dict:
-    import dataclasses
-
     return {**dataclasses.asdict(options), "choose": "always compiled", "background": False}
 
 
