@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> int:
-    if args.command == "compile-job":  # started by a ComfyUI process (accel/compile/background.py)
-        from .compile.background import run_job
+    if args.command == "compile-job":  # started by a ComfyUI process (accel/compile/background/)
+        from .compile.background.child import run_job
 
         return run_job(args.directory)
     from .precompile import PrecompileError, import_comfyui

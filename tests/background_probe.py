@@ -34,7 +34,7 @@ def main() -> None:
     from compile_helpers import dynamo_frames, load, sample
 
     def counters() -> dict:
-        return {"frames": dynamo_frames(), **engine.registry.disk_cache_counters()}
+        return {"frames": dynamo_frames(), **engine.kinds.disk_cache_counters()}
 
     def delta(before: dict, after: dict) -> dict:
         return {k: after[k] - before[k] for k in after}

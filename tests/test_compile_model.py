@@ -40,7 +40,7 @@ def test_compiled_sampling_equals_eager(compiled_small, engine):
     assert_close_to_eager(compiled_small["out"], compiled_small["eager"], "compiled vs eager sampling")
     stats = engine.REGISTRY.stats()
     kinds = {k["kind"]: k for k in stats["kinds"]}
-    assert {"ResBlock[320->320]", "SpatialTransformer[320->320]", "ResBlock[640->320]"} <= set(kinds)
+    assert {"ResBlock[320->320]", "SpatialTransformer[320->320, 8 heads]", "ResBlock[640->320]"} <= set(kinds)
     assert all(k["cache_hits"] > 0 for k in kinds.values() if k["kind"].startswith(("ResBlock", "Spatial")))
 
 
@@ -185,14 +185,14 @@ def test_auto_mode_keeps_a_path_per_kind_and_stays_correct(engine, comfy_nodes, 
     assert all(share is not None for share in shares.values()), shares
     assert 0.5 < sum(shares.values()) <= 1.0, f"the kinds' shares are not most of one call: {shares}"
     for k in kinds:
-        if k["call_share"] is not None and k["call_share"] < engine.registry.MIN_CALL_SHARE:
+        if k["call_share"] is not None and k["call_share"] < engine.kind_choice.MIN_CALL_SHARE:
             assert k["path"] == "eager" and "not worth compiling" in k["reason"], k
 
 
 def test_auto_mode_never_compiles_kinds_too_small_to_matter(engine, comfy_nodes, compiled_small, monkeypatch):
     """choose="auto", first stage: the first call runs eagerly and times each kind's share of it; a kind under
     the threshold is never compiled. A threshold above every share makes that certain for all kinds."""
-    monkeypatch.setattr(engine.registry, "MIN_CALL_SHARE", 1.01)
+    monkeypatch.setattr(engine.kind_choice, "MIN_CALL_SHARE", 1.01)
     fresh = load(comfy_nodes)
     eager = sample(fresh, steps=4)
     model = engine.compile_model(fresh, engine.CompileOptions(dynamic="dynamic"))  # kinds of its own (new key)
@@ -216,11 +216,11 @@ def test_kind_shares_are_saved_for_later_processes(engine, comfy_nodes, compiled
                 if s.kind.label.startswith("SpatialTransformer"))
     options = engine.CompileOptions()
     key = (site.kind.class_name, site.kind.signature, ("cpu", None), torch.__version__, options.cache_key("cpu"))
-    fresh = engine.registry.KindEntry(key, site.kind, site.forward, options, "cpu")  # as a new process makes it
-    assert fresh.share_id in saved and 0 < saved[fresh.share_id] <= 1, (fresh.share_id, saved)
-    assert fresh.call_share == pytest.approx(saved[fresh.share_id])
+    fresh = engine.kinds.KindEntry(key, site.kind, site.forward, options, "cpu")  # as a new process makes it
+    assert fresh.choice.share_id in saved and 0 < saved[fresh.choice.share_id] <= 1, (fresh.choice.share_id, saved)
+    assert fresh.choice.share == pytest.approx(saved[fresh.choice.share_id])
     shared = [k for k in engine.REGISTRY.stats()["kinds"] if k["kind"] == site.kind.label and k["call_share"]]
-    assert shared and fresh.call_share == pytest.approx(shared[0]["call_share"], abs=1e-4)
+    assert shared and fresh.choice.share == pytest.approx(shared[0]["call_share"], abs=1e-4)
 
 
 @pytest.mark.parametrize("margin, verdict", [(0.0, "eager"), (1e9, "compiled")])
@@ -230,8 +230,8 @@ def test_auto_mode_checks_whole_calls_and_keeps_the_faster(engine, comfy_nodes, 
     blocks and eager, and the model keeps the faster. The margins are forced so that each outcome is certain:
     per kind, compiled always wins (else a noisy timing could leave no kind compiled, and nothing to check);
     for whole calls, 0 (compiled never counts as faster) and huge (it always does). The timing itself is real."""
-    monkeypatch.setattr(engine.registry, "FASTER_MARGIN", 1e9)
-    monkeypatch.setattr(engine.step_check, "FASTER_MARGIN", margin)
+    monkeypatch.setattr(engine.kind_choice, "FASTER_MARGIN", 1e9)
+    monkeypatch.setattr(engine.auto_mode, "FASTER_MARGIN", margin)
     fresh = load(comfy_nodes)  # a new diffusion model, so a new check
     eager = sample(fresh, steps=10)
     # "static": entries of their own, so their per-kind choice is made here, under the forced margin
@@ -378,15 +378,15 @@ def test_a_block_that_cannot_be_sent_to_the_child_compiles_here(engine, comfy_no
     options = engine.CompileOptions()
     key = (site.kind.class_name, site.kind.signature, ("cpu", None), "test-" + torch.__version__,
            options.cache_key("cpu"))  # an entry outside the registry, so no other test sees its state
-    entry = engine.registry.KindEntry(key, site.kind, site.forward, options, "cpu")
+    entry = engine.kinds.KindEntry(key, site.kind, site.forward, options, "cpu")
     capture = engine.background.Capture(entry, site.module, "forward", False, False)
     args = (torch.zeros(2, 320, 8, 8), torch.zeros(2, 1280))
-    capture.add_call(engine.registry.input_signature(args, {}), args, {})
+    capture.add_call(engine.kinds.input_signature(args, {}), args, {})
     compiler = engine.background.BackgroundCompiler()
     with caplog.at_level("WARNING", logger="comfyui_accel"):
         assert not compiler.launch([capture], tmp_path / "env")
     assert not compiler.busy and not (tmp_path / "env").exists(), "a child was started for nothing it could use"
-    assert entry.background == "failed" and not entry.needs_background()  # compiled here at its next call
-    assert "cannot be sent to a child process" in entry.background_reason
+    assert entry.background.state is engine.background.BackgroundState.FAILED and not entry.needs_background()  # compiled here at its next call
+    assert "cannot be sent to a child process" in entry.background.reason
     assert "lambda" in caplog.text and site.kind.label in caplog.text
     assert callable(site.module.accel_test_hook)

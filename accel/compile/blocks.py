@@ -35,9 +35,23 @@ class BlockKind:
                  list(module.named_parameters()) + list(module.named_buffers())]
         digest = hashlib.sha1(repr(sorted(items)).encode()).hexdigest()[:12]
         shapes = [shape for name, shape, _ in items if name.endswith("weight") and len(shape) >= 2]
-        channels = f"{shapes[0][1]}->{shapes[-1][0]}" if shapes else "-"
+        details = [f"{shapes[0][1]}->{shapes[-1][0]}" if shapes else "-", *_depth_and_heads(module)]
         suffix = "" if method == "forward" else f".{method}"
-        return cls(type(module).__qualname__ + suffix, digest, f"{type(module).__name__}{suffix}[{channels}]")
+        return cls(type(module).__qualname__ + suffix, digest,
+                   f"{type(module).__name__}{suffix}[{', '.join(details)}]")
+
+
+HEADS_ATTRIBUTES = ("heads", "num_heads", "n_heads")
+
+
+def _depth_and_heads(module: torch.nn.Module) -> list[str]:
+    """What a person tells blocks of one class apart by, beyond channels: how many sub-blocks it repeats (SDXL's
+    SpatialTransformers of depth 2 and 10) and its attention heads."""
+    depth = max((len(m) for m in module.modules() if isinstance(m, torch.nn.ModuleList) and m is not module
+                 and len({type(c) for c in m}) == 1), default=1)
+    heads = next((value for m in module.modules() for name in HEADS_ATTRIBUTES
+                  if isinstance(value := getattr(m, name, None), int) and not isinstance(value, bool)), None)
+    return ([f"depth {depth}"] if depth > 1 else []) + ([f"{heads} heads"] if heads else [])
 
 
 @dataclass
@@ -68,11 +82,17 @@ def _transformer_options_arg(module: torch.nn.Module, attribute: str) -> str | N
 
 
 def find_repeated_blocks(model: torch.nn.Module) -> list[BlockSite]:
-    """The outermost repeated blocks of `model`, in module order."""
+    """The outermost repeated blocks of `model`, in module order.
+
+    A block class counts as repeated when a ModuleList holds two or more of it, or when the model's own top-level
+    list holds it alone (a DiT's `double_blocks` with depth 1 in a small or pruned variant): those are the model's
+    blocks, and a kind of one block still shares its graph with every model of that architecture."""
     chosen: list[tuple[str, torch.nn.Module]] = []
     repeated_classes = set()
+    top_level = {id(child) for child in model.children()}
     for _, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) >= 2:
+        if isinstance(module, torch.nn.ModuleList) and (len(module) >= 2 or (len(module) == 1
+                                                                               and id(module) in top_level)):
             classes = {type(child) for child in module}
             if len(classes) == 1 and not issubclass(next(iter(classes)), CONTAINER_CLASSES):
                 repeated_classes |= classes

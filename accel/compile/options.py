@@ -17,9 +17,9 @@ class CompileOptions:
     mode: str = "default"
     dynamic: str = "auto"
     scope: str = "auto"
-    # auto: skip kinds too small to matter, time compiled against eager per kind, then whole calls (step_check).
+    # auto: skip kinds too small to matter, time compiled against eager per kind, then whole calls (auto_mode.py).
     choose: str = "auto"
-    # choose="auto": a kind's cold compile runs in a child process while its blocks run eagerly (background.py).
+    # choose="auto": a kind's cold compile runs in a child process while its blocks run eagerly (background/).
     background: bool = True
     backend: str = "inductor"
 

@@ -12,6 +12,7 @@ import copy
 from .blocks import BlockKind
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
+from .dispatch import run_on_chosen_path
 from .registry import REGISTRY
 
 VAE_METHODS = ("decode", "encode")
@@ -32,7 +33,13 @@ class CompiledMethod:
             return getattr(type(self.module), self.method)(self.module, *args, **kwargs)
         options = effective_options(self.options, policy, device)
         entry = REGISTRY.entry(self.kind, getattr(type(self.module), self.method), options, device)
-        return entry.run(self.module, lambda: (args, kwargs), args, kwargs, options.choose)
+
+        def run_compiled():
+            return entry.run_compiled(self.module, lambda: (args, kwargs), args, kwargs)
+
+        if options.choose == "always compiled":
+            return run_compiled()
+        return run_on_chosen_path(entry, self.module, args, kwargs, device.type, run_compiled)
 
 
 def compile_vae(vae, options: CompileOptions):

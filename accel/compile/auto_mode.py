@@ -1,0 +1,193 @@
+"""Planning each Compile Model call once, and choose="auto"'s stages: the one home of auto mode.
+
+`plan_call` decides, before a UNet call, how the whole call runs (its `CallMode`); `finish_call` takes the
+call's timings after it. Per block, dispatch.py only carries out that plan. Auto mode's stages, all on the
+sampler's real calls, never on extra ones (so measuring never changes a result):
+
+1. PROFILE: a model's first call runs eagerly and times each kind's share of it. A kind under
+   kind_choice.MIN_CALL_SHARE is never compiled. Shares are saved for later processes (saved_shares.py).
+2. DISPATCH while kinds are undecided: each undecided kind's real block calls alternate between its compiled and
+   eager path, timed, and the kind keeps the faster (kind_choice.py). Cold kinds meanwhile may compile in a
+   child process (background/), their blocks running eagerly until it is done.
+3. CHECK_COMPILED / CHECK_EAGER: once every kind has its path, the model's next calls alternate between those
+   paths and plain eager. Kinds can win alone and still make the whole call slower (measured on a CPU,
+   docs/benchmarks/compile_model.md), so when one kind of call (same input shape, same number of block calls,
+   so DeepCache's shallow calls are never compared with full ones) has been timed enough on both sides, the
+   model keeps its compiled blocks only if they were faster by a margin; otherwise it runs eagerly from then on
+   (EAGER: no per-block dispatch at all). A call that compiled, decided a kind or sent one to the background is
+   no sample of either path.
+
+The verdicts hold for the model, its clones and its options on that device (model_record.py).
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import statistics
+from dataclasses import dataclass, field
+
+from ..cache import COMPILE_CACHE
+from .background import BACKGROUND, SETTLED_STATES
+from .kinds import KindEntry
+from .saved_shares import save_shares
+
+log = logging.getLogger("comfyui_accel")
+
+SAMPLES_PER_PATH = 2
+# Keep the compiled blocks only when faster by this margin: within timing noise, eager is the safe choice.
+FASTER_MARGIN = 0.98
+# Calls that never line up (every call a new shape): stop checking and keep what the per-kind timing chose.
+MAX_CALLS = 24
+
+
+class CallMode(enum.Enum):
+    PROFILE = "profile"  # eager, each kind's share of the call timed
+    DISPATCH = "dispatch"  # each block on its kind's path (undecided kinds timed on their real calls)
+    CHECK_COMPILED = "check compiled"  # a whole-call sample with the chosen paths
+    CHECK_EAGER = "check eager"  # a whole-call sample with ComfyUI's own forward everywhere
+    EAGER = "eager"  # the verdict: no dispatch at all
+
+
+@dataclass
+class CallPlan:
+    """How one call runs, decided once before it, and what it measured (filled in during it)."""
+    mode: CallMode
+    always_compiled: bool
+    background: bool  # cold kinds may be captured for the background compiler in this call
+    device_type: str
+    compiles_here: int = 0  # kinds this call may compile in this process (ComfyUI's progress bar counts them)
+    settled_before: tuple | None = None  # check calls: the model's state before, to tell a clean sample
+    captures: dict = field(default_factory=dict)  # kind key -> background.Capture
+    kind_seconds: dict = field(default_factory=dict)  # PROFILE: seconds per kind key
+    blocks: int = 0
+
+    @property
+    def timed(self) -> bool:
+        """The whole call's time is a measurement (so it waits for the device before and after)."""
+        return self.mode in (CallMode.PROFILE, CallMode.CHECK_COMPILED, CallMode.CHECK_EAGER)
+
+
+@dataclass
+class AutoMode:
+    """Auto mode's state for one model record: whether it was profiled, and its whole-call check."""
+    model_label: str
+    profiled: bool = False
+    samples: dict[tuple, dict[str, list[float]]] = field(default_factory=dict)
+    calls: int = 0
+    verdict: str | None = None  # None while checking, then "compiled" or "eager"
+    reason: str = ""
+
+    def next_check_path(self) -> str:
+        # Pairs (compiled, compiled, eager, eager, ...), so that calls which alternate in kind (DeepCache's full
+        # and shallow steps, cond and uncond run as separate calls) still see both paths.
+        return "compiled" if (self.calls // 2) % 2 == 0 else "eager"
+
+    def record(self, call_key: tuple, path: str, seconds: float) -> None:
+        self.calls += 1
+        by_path = self.samples.setdefault(call_key, {"compiled": [], "eager": []})
+        by_path[path].append(seconds)
+        if all(len(times) >= SAMPLES_PER_PATH for times in by_path.values()):
+            self._decide(by_path)
+        elif self.calls >= MAX_CALLS:
+            self.settle("compiled", f"no {SAMPLES_PER_PATH} comparable calls on each path in {MAX_CALLS} calls; "
+                                    "keeping the per-kind choice")
+
+    def settle(self, verdict: str, reason: str) -> None:
+        self.verdict, self.reason = verdict, reason
+        log.info("[Accel] Compile Model (%s): %s", self.model_label, reason)
+
+    def _decide(self, by_path: dict[str, list[float]]) -> None:
+        compiled_s, eager_s = statistics.median(by_path["compiled"]), statistics.median(by_path["eager"])
+        faster = compiled_s < eager_s * FASTER_MARGIN
+        self.settle("compiled" if faster else "eager",
+                    f"whole UNet calls took {compiled_s:.3f} s with the compiled blocks vs {eager_s:.3f} s eager "
+                    f"(median of {len(by_path['compiled'])} and {len(by_path['eager'])}): " +
+                    ("keeping the compiled blocks" if faster else
+                     "running this model eagerly (compiled blocks were not faster here; choose='always compiled' "
+                     "keeps them anyway)"))
+
+    def status(self, entries: list[KindEntry]) -> str:
+        """Where the model stands while there is no verdict yet, in words: why it has none (yet)."""
+        if not self.profiled and any(e.choice.share is None for e in entries):
+            return "waiting for its first call (it runs eagerly, timing each kind's share)"
+        waiting = sorted({e.kind.label for e in entries if e.background.waiting})
+        if waiting:
+            return f"waiting for the background compile of {', '.join(waiting)}"
+        undecided = sorted({e.kind.label for e in entries if not (e.choice.decided or e.failure)})
+        if undecided:
+            return f"timing compiled against eager per kind on real calls: {', '.join(undecided)} undecided"
+        counts = {str(list(k)): {p: len(t) for p, t in v.items()} for k, v in self.samples.items()}
+        return (f"checking whole calls: needs {SAMPLES_PER_PATH} comparable calls on each path, has {counts or 'none'}"
+                f" after {self.calls} timed calls (the verdict comes with the next calls or prompt)")
+
+    def stats(self, entries: list[KindEntry]) -> dict:
+        return {"verdict": self.verdict or "checking", "reason": self.reason or self.status(entries),
+                "calls_timed": self.calls, "seconds": {str(list(key)): times for key, times in self.samples.items()}}
+
+
+def plan_call(record, always_compiled: bool, background_allowed: bool, device_type: str) -> CallPlan | None:
+    """How this call of `record`'s model runs; None when it runs as ComfyUI's own, without any dispatch."""
+    entries, auto = record.entries, record.auto
+    if always_compiled or auto is None:
+        pending = len({e.key for e in entries if e.compiles == 0 and not e.failure})
+        return CallPlan(CallMode.DISPATCH, True, False, device_type, pending)
+    if auto.verdict == "eager":
+        return None  # whole calls were not faster compiled
+    background = background_allowed
+    if background:
+        BACKGROUND.poll()  # a finished child hands its kinds back here
+        # once every kind is decided and none waits, blocks dispatch as without a background compiler
+        background = any(e.background.undecided or e.background.waiting for e in entries)
+    if not auto.profiled and any(e.choice.share is None and not e.choice.decided and not e.failure
+                                 for e in entries):
+        return CallPlan(CallMode.PROFILE, False, background, device_type)
+    auto.profiled = True  # every kind's share is known (saved by an earlier process): nothing to profile
+    if auto.verdict is None and all(e.choice.decided or e.failure for e in entries) and not any(
+            e.background.waiting for e in entries):
+        if not any(e.path == "compiled" for e in entries):
+            auto.settle("eager", "no block kind was worth compiling or faster compiled: running this model "
+                                 "eagerly")
+            return None
+        mode = CallMode.CHECK_COMPILED if auto.next_check_path() == "compiled" else CallMode.CHECK_EAGER
+        return CallPlan(mode, False, background, device_type, _compiles_here(entries, background),
+                        settled_before=_settled_state(entries))
+    return CallPlan(CallMode.DISPATCH, False, background, device_type, _compiles_here(entries, background))
+
+
+def finish_call(record, plan: CallPlan, seconds: float, call_key: tuple) -> None:
+    """What the call measured goes where it belongs: kinds' shares, captures to the background compiler,
+    whole-call samples to the check."""
+    entries, auto = record.entries, record.auto
+    if plan.mode is CallMode.PROFILE:
+        auto.profiled = True
+        measured = {e.key: e for e in entries if e.key in plan.kind_seconds}  # one per kind, not per block
+        for entry in measured.values():
+            entry.choice.note_share(plan.kind_seconds[entry.key] / seconds)
+        save_shares(plan.device_type, {e.choice.share_id: e.choice.share for e in measured.values()})
+    if plan.captures:
+        _launch_background(list(plan.captures.values()), plan.device_type)
+    if plan.mode in (CallMode.CHECK_COMPILED, CallMode.CHECK_EAGER) and _settled_state(entries) == plan.settled_before:
+        auto.record((*call_key, plan.blocks), "compiled" if plan.mode is CallMode.CHECK_COMPILED else "eager",
+                    seconds)
+
+
+def _launch_background(captures: list, device_type: str) -> None:
+    # after a profile call, kinds too small to matter are eager for good: nothing to compile for them
+    wanted = [c for c in captures if not c.entry.choice.decided and c.entry.failure is None]
+    for capture in captures:
+        if capture not in wanted:
+            capture.entry.background.not_needed(capture.entry.reason)
+    BACKGROUND.launch(wanted, COMPILE_CACHE.environment(device_type).dir)  # kinds it cannot send: compiled here
+
+
+def _compiles_here(entries: list[KindEntry], background: bool) -> int:
+    """Kinds this call may compile in this process (those loading a child's work included)."""
+    return len({e.key for e in entries if e.compiles == 0 and e.path != "eager"
+                and (not background or e.background.state in SETTLED_STATES)})
+
+
+def _settled_state(entries: list[KindEntry]) -> tuple[int, int, int]:
+    """Compiles so far, kinds with a path chosen and kinds sent to a background compile, over a model's entries:
+    unchanged by a call that only ran."""
+    return (sum(e.compiles for e in entries), sum(e.choice.decided or e.failure is not None for e in entries),
+            sum(not e.background.undecided for e in entries))

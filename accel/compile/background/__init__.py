@@ -1,0 +1,14 @@
+"""Cold compiles off the critical path: a child process compiles block kinds while their blocks run eagerly.
+
+- state.py: where each kind stands (a closed set of states, moved only through its `KindBackground`);
+- skeleton.py: what is sent, a block's structure and tensor layouts, never the user's weights;
+- parent.py: captures and jobs in ComfyUI's process, one child at a time (`BACKGROUND`);
+- child.py: `python -m accel compile-job DIR`, imported only there (it needs the registry, which needs this).
+"""
+from .parent import BACKGROUND, BackgroundCompiler, Capture
+from .skeleton import CaptureError, dump_skeleton, load_skeleton
+from .state import SETTLED_STATES, WAITING_STATES, BackgroundState, KindBackground
+
+__all__ = ["BACKGROUND", "BackgroundCompiler", "Capture", "CaptureError", "dump_skeleton", "load_skeleton",
+           "BackgroundState", "KindBackground",
+           "SETTLED_STATES", "WAITING_STATES"]

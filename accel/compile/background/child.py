@@ -1,0 +1,97 @@
+"""The child's side of the background compiler: `python -m accel compile-job DIR`.
+
+It runs with the parent's ComfyUI flags, torch thread count (inductor's CPU kernels are built for it) and grad
+mode, rebuilds each captured block from its skeleton and compiles it for each captured input layout, through the
+same registry entry a compiled call in ComfyUI's process uses, so the graphs land in the persistent cache under
+the keys the parent asks for.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .skeleton import load_skeleton
+
+log = logging.getLogger("comfyui_accel")
+NICE_ENV = "ACCEL_BACKGROUND_NICE"  # set: the child runs at this niceness instead of the idle scheduling class
+FALLBACK_NICE = 19  # where the idle class is not available
+
+
+def run_job(directory: Path) -> int:
+    """Compile every captured kind of a job into the persistent cache; results.json says what happened."""
+    _lower_priority()
+    with open(directory / "job.pkl", "rb") as handle:
+        job = pickle.load(handle)
+    setup = job["setup"]
+    _exit_with(setup["parent"])
+    from ...comfy_import import import_comfyui_core
+
+    flags = {k: v for k, v in setup["flags"].items() if k != "cpu"}
+    import_comfyui_core(Path(setup["comfyui"]), setup["flags"].get("cpu", False), **flags)
+    torch.set_num_threads(setup["threads"])
+    from ...cache.store import write_atomic
+    from ..blocks import BlockKind
+    from ..options import CompileOptions
+    from ..registry import REGISTRY
+
+    results = []
+    for item in job["items"]:
+        if os.getppid() != setup["parent"]:
+            return 3  # ComfyUI is gone: nobody will use what this compiles
+        block = load_skeleton(item["block"])
+        entry = REGISTRY.entry(BlockKind(*item["kind"]), getattr(type(block), item["attribute"]),
+                               CompileOptions(**item["options"]), torch.device(item["device"]))
+        start = time.perf_counter()
+        with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]):
+            for call in item["calls"]:
+                args, kwargs = load_skeleton(call)
+                entry.run_compiled(block, lambda: (args, kwargs), args, kwargs)  # noqa: B023
+        results.append({"cache_id": entry.cache_id, "kind": entry.kind.label, "failure": entry.failure,
+                        "seconds": round(time.perf_counter() - start, 2), "compiles": entry.compiles})
+        log.info("[Accel] background compile: %s in %.1f s%s", entry.kind.label, results[-1]["seconds"],
+                 f" (failed: {entry.failure})" if entry.failure else "")
+        write_atomic(directory / "results.json",
+                     json.dumps({"kinds": results, "peak_rss_mib": _peak_rss_mib()}, indent=1).encode())
+    return 0
+
+
+def _exit_with(parent: int) -> None:
+    """A compile nobody will load is wasted CPU: on Linux the kernel ends this process when ComfyUI's ends."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+            import signal
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        sys.exit(3)  # ComfyUI ended before this process could ask to end with it
+
+
+def _lower_priority() -> None:
+    """The sampler keeps the CPU: on Linux the child (and the C++ compilers it starts, which inherit it) runs in
+    the idle scheduling class, only on CPU time nothing else wants. A mere niceness still takes a share of a
+    busy core, and torch's CPU threads wait for each other, so a share taken from one slows them all."""
+    if NICE_ENV not in os.environ and hasattr(os, "SCHED_IDLE"):
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return
+    with contextlib.suppress(OSError, ValueError):
+        os.nice(int(os.environ.get(NICE_ENV, FALLBACK_NICE)))
+
+
+def _peak_rss_mib() -> int | None:
+    """This process's own peak (VmHWM): getrusage's ru_maxrss would carry over the parent's peak across exec."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024)
+    return None

@@ -1,0 +1,234 @@
+"""The ComfyUI process's side of the background compiler: captures, jobs, one child at a time.
+
+choose="auto": when a kind must be compiled and the persistent cache holds nothing for it, the sampler's call
+goes on eagerly and one block of that kind is captured with the layouts of its call's inputs. After the call, a
+child process (`python -m accel compile-job DIR`, child.py) compiles the captured kinds into the persistent
+compile cache, the same way a compiled call here would. Meanwhile those blocks run eagerly. Once the child is
+done, this process's next call compiles each kind again, which now reads torch's on-disk caches (a fraction of a
+cold compile, docs/benchmarks/cold_start.md).
+
+What cannot be captured (an attribute that does not pickle, a tensor subclass), or a child that fails, sends the
+kind back to compiling here at its next call, and the log says why. Each kind's state moves only through its
+`KindBackground` (state.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .skeleton import CaptureError, dump_skeleton
+
+log = logging.getLogger("comfyui_accel")
+PACK_DIR = Path(__file__).resolve().parents[3]
+
+
+@dataclass
+class Capture:
+    """One block of a kind and the input layouts of its compiled calls, taken during an eager call: one per
+    distinct input signature, in call order (a kind can run at two resolutions in one UNet call; the child
+    compiles them in the same order, so it makes the same static-then-dynamic graphs this process would).
+
+    Only layouts are kept (shapes, strides, dtypes), taken when the call is seen: the real call's tensors are
+    neither held nor read after the block ran, so a block that changes its inputs in place changes nothing
+    here, and nothing here changes the call."""
+    entry: Any  # kinds.KindEntry
+    block: torch.nn.Module
+    attribute: str
+    grad: bool
+    inference: bool
+    calls: list[bytes] = field(default_factory=list)
+    signatures: set = field(default_factory=set)
+    device: str = ""
+    error: str | None = None
+
+    def add_call(self, signature: tuple, args: tuple, kwargs: dict) -> None:
+        if signature in self.signatures or self.error:
+            return
+        self.signatures.add(signature)
+        if not self.device:
+            self.device = str(_device_of(self.block, args, kwargs))
+        try:
+            self.calls.append(dump_skeleton((args, kwargs)))
+        except CaptureError as err:
+            self.error = str(err)
+
+
+@dataclass
+class Job:
+    entries: list
+    process: subprocess.Popen
+    directory: Path
+    started: float
+
+
+class BackgroundCompiler:
+    """One child at a time: kinds captured while one runs are sent (as skeletons) to the next, started when it
+    ends. Their blocks run eagerly until then."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._job: Job | None = None
+        self._queue: list[tuple[list[dict], list, Path]] = []  # (items, entries, environment dir) waiting
+        self.history: list[dict] = []  # one record per finished job, for stats
+
+    @property
+    def busy(self) -> bool:
+        return self._job is not None or bool(self._queue)
+
+    def launch(self, captures: list[Capture], env_dir: Path) -> bool:
+        """Send `captures` to a child (now, or when the running one ends): their kinds become PENDING. False
+        when none could be sent (each such kind compiles here at its next call instead, as logged)."""
+        items, entries = [], []
+        for capture in captures:
+            entry = capture.entry
+            try:
+                if capture.error:
+                    raise CaptureError(capture.error)
+                items.append({"kind": [entry.kind.class_name, entry.kind.signature, entry.kind.label],
+                              "attribute": capture.attribute, "options": _options_dict(entry.options),
+                              "device": capture.device, "grad": capture.grad, "inference": capture.inference,
+                              "block": dump_skeleton(capture.block), "calls": capture.calls})
+                entries.append(entry)
+            except Exception as err:  # CaptureError, or a block with no tensor to say its device
+                entry.background.failed(f"it cannot be sent to a child process ({err})")
+        if not items:
+            return False
+        for entry in entries:
+            entry.background.sent()
+        with self._lock:
+            if self._job is not None:
+                self._queue.append((items, entries, env_dir))
+                return True
+            return self._start(items, entries, env_dir)
+
+    def _start(self, items: list[dict], entries: list, env_dir: Path) -> bool:
+        """Start a child for `items` (the lock held)."""
+        directory = env_dir / "jobs" / f"{os.getpid()}-{time.time_ns()}"
+        try:
+            setup = _child_setup(env_dir)
+            directory.mkdir(parents=True)
+            with open(directory / "job.pkl", "wb") as handle:
+                pickle.dump({"items": items, "setup": setup}, handle)
+            env = {**os.environ, "ACCEL_CACHE_DIR": str(env_dir.parent), "PYTHONUNBUFFERED": "1"}
+            with open(directory / "log.txt", "wb") as log_file:  # the child keeps its own descriptor
+                process = subprocess.Popen([sys.executable, "-m", "accel", "compile-job", str(directory)],
+                                           cwd=PACK_DIR, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL)
+        except Exception as err:  # whatever it is, it costs the background compile, never the prompt
+            for entry in entries:
+                entry.background.failed(f"the child process could not start ({err})")
+            return False
+        self._job = Job(entries, process, directory, time.perf_counter())
+        log.info("[Accel] Compile Model: compiling %s in the background (pid %d); those blocks run eagerly until "
+                 "it is done. ACCEL_DISABLE_BACKGROUND_COMPILE=1 compiles them at their first call instead.",
+                 ", ".join(e.kind.label for e in entries), process.pid)
+        return True
+
+    def poll(self) -> None:
+        """If the child has finished, hand its kinds back: cheap enough for every UNet call."""
+        job = self._job
+        if job is None or job.process.poll() is None:
+            return
+        with self._lock:
+            if self._job is not job:
+                return
+            self._job = None
+        self._finish(job)
+        with self._lock:  # the next child, for kinds captured while this one ran
+            while self._job is None and self._queue:
+                self._start(*self._queue.pop(0))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every child (the running one and those queued) is done and its kinds are handed back;
+        False on timeout."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while (job := self._job) is not None:
+            try:
+                job.process.wait(None if deadline is None else max(0.0, deadline - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                return False
+            self.poll()
+        return True
+
+    def _finish(self, job: Job) -> None:
+        wall = time.perf_counter() - job.started
+        results = _read_json(job.directory / "results.json") or {}
+        by_id = {r["cache_id"]: r for r in results.get("kinds", [])}
+        failed = []
+        for entry in job.entries:
+            result = by_id.get(entry.cache_id)
+            if result and not result.get("failure"):  # compiled and saved, even if the child ended badly after
+                entry.background.done(result["seconds"])
+            else:
+                why = (result or {}).get("failure") or f"the child exited with code {job.process.returncode}"
+                entry.background.failed(why)
+                failed.append(entry.kind.label)
+        record = {"pid": job.process.pid, "kinds": [e.kind.label for e in job.entries], "wall_seconds": round(wall, 1),
+                  "returncode": job.process.returncode, "peak_rss_mib": results.get("peak_rss_mib"),
+                  "failed": failed}
+        self.history.append(record)
+        if failed:
+            tail = (job.directory / "log.txt").read_text(errors="replace")[-2000:]
+            log.warning("[Accel] Compile Model: the background compile of %s failed; they compile at their next "
+                        "call instead. Its log (kept in %s) ends:\n%s", ", ".join(failed), job.directory, tail)
+        else:
+            shutil.rmtree(job.directory, ignore_errors=True)
+            log.info("[Accel] Compile Model: background compile done in %.1f s (%s); the next call loads them from "
+                     "the compile cache", wall, ", ".join(record["kinds"]))
+
+    def stats(self) -> dict:
+        self.poll()  # the server's stats route may ask while no UNet call comes to poll
+        job = self._job
+        running = None if job is None else {"pid": job.process.pid, "kinds": [e.kind.label for e in job.entries],
+                                            "seconds": round(time.perf_counter() - job.started, 1)}
+        queued = [e.kind.label for _, entries, _ in self._queue for e in entries]
+        return {"running": running, "queued": queued, "finished": list(self.history)}
+
+
+def _device_of(block: torch.nn.Module, args: tuple, kwargs: dict) -> torch.device:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return next(block.parameters()).device
+
+
+def _options_dict(options) -> dict:
+    return {**dataclasses.asdict(options), "choose": "always compiled", "background": False}
+
+
+def _child_setup(env_dir: Path) -> dict:
+    """What makes the child's compiled code the same as this process's: ComfyUI and its flags, torch threads."""
+    import comfy.model_management  # `comfy` itself is a namespace package: no __file__
+    from comfy.cli_args import args
+
+    flags = {}
+    for name, value in vars(args).items():
+        with contextlib.suppress(TypeError, ValueError):
+            json.dumps(value)
+            flags[name] = value
+    return {"comfyui": str(Path(comfy.model_management.__file__).resolve().parent.parent), "flags": flags,
+            "threads": torch.get_num_threads(), "parent": os.getpid(), "env_dir": str(env_dir)}
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+BACKGROUND = BackgroundCompiler()

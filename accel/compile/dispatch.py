@@ -1,0 +1,129 @@
+"""Per block, carrying out a call's plan (auto_mode.CallPlan): which path each block call takes.
+
+For the length of one apply_model call every repeated block gets an instance-level `forward`, a
+`BlockDispatcher`, that runs it through its kind's registry entry as the plan says. Each block runs exactly once
+per call, on the call's own inputs: timing wraps the real call, capturing reads its inputs' layouts only.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .attention import compiled_block_options
+from .auto_mode import CallMode, CallPlan
+from .background import Capture
+from .blocks import BlockSite, block_safe_options, whole_model_safe_options
+from .kinds import KindEntry, input_signature, wait_for_device
+
+PATCHED = "another node patched the attention or the UNet"
+IN_BACKGROUND = "compiling in the background"
+TIMING_EAGER_SIDE = "timing: the eager side of the per-kind choice"
+
+
+def run_on_chosen_path(entry: KindEntry, block, args: tuple, kwargs: dict, device_type: str, run_compiled):
+    """choose="auto": run the block on its kind's chosen path; while the kind is undecided, this real call is
+    one timed sample of the choice (kind_choice.py), on the side whose turn it is."""
+    choice = entry.choice
+    if choice.path == "compiled":
+        return run_compiled()
+    if choice.path == "eager" or entry.failure:
+        return entry.run_eager(block, args, kwargs, entry.reason)
+    side, seconds = choice.next_side(), {}
+    if side == "compiled":
+        out = timed(run_compiled, seconds, side, device_type)
+        if not entry.last_call_warm:  # it compiled or met new inputs: no fair sample
+            return out
+    else:
+        out = timed(lambda: entry.run_eager(block, args, kwargs, TIMING_EAGER_SIDE), seconds, side, device_type)
+    choice.record(side, seconds[side])
+    return out
+
+
+def timed(run, into: dict, key, device_type: str):
+    """`run()`, its seconds added to `into[key]` (waiting for the device's queued work before and after)."""
+    wait_for_device(device_type)
+    start = time.perf_counter()
+    out = run()
+    wait_for_device(device_type)
+    into[key] = into.get(key, 0.0) + time.perf_counter() - start
+    return out
+
+
+class BlockDispatcher:
+    """A block's `forward` for the length of one apply_model call."""
+
+    def __init__(self, site: BlockSite, entry: KindEntry, plan: CallPlan, allow_sdpa: bool,
+                 eager_reason: str | None, progress):
+        self.site, self.entry, self.plan, self.allow_sdpa = site, entry, plan, allow_sdpa
+        self.eager_reason, self.progress = eager_reason, progress
+
+    def __call__(self, *args, **kwargs):
+        plan, entry, block = self.plan, self.entry, self.site.module
+        plan.blocks += 1
+        if plan.mode is CallMode.CHECK_EAGER:  # ComfyUI's own forward, uncounted
+            return entry.forward(block, *args, **kwargs)
+        waits = plan.background and not self.eager_reason and self._send_to_background(args, kwargs)
+        if plan.mode is CallMode.PROFILE:
+            return self._timed(lambda: entry.forward(block, *args, **kwargs), plan.kind_seconds, entry.key)
+        if waits:
+            return entry.run_eager(block, args, kwargs, IN_BACKGROUND)
+        if self.eager_reason:
+            return entry.run_eager(block, args, kwargs, self.eager_reason)
+        make_call = self._make_call(args, kwargs)
+        if make_call is None:
+            return entry.run_eager(block, args, kwargs, PATCHED)
+        if plan.always_compiled:
+            return self._compiled(make_call, args, kwargs)
+        return run_on_chosen_path(entry, block, args, kwargs, plan.device_type,
+                                  lambda: self._compiled(make_call, args, kwargs))
+
+    def _timed(self, run, into: dict, key):
+        return timed(run, into, key, self.plan.device_type)
+
+    def _compiled(self, make_call, args: tuple, kwargs: dict):
+        entry = self.entry
+        first_compile = entry.compiles == 0
+        out = entry.run_compiled(self.site.module, make_call, args, kwargs)
+        if first_compile and entry.compiles and self.progress is not None:
+            self.progress.update(1)
+        return out
+
+    def _make_call(self, args: tuple, kwargs: dict):
+        """A function building fresh (args, kwargs) for a compiled call of this block, or None when this call
+        must run eagerly (another node patched what the block computes)."""
+        if self.site.call_signature is None:
+            return lambda: (args, kwargs)
+        bound = self.site.call_signature.bind(*args, **kwargs)
+        options = bound.arguments.get(self.site.options_arg) or {}
+        safe = whole_model_safe_options(options) if self.site.whole_model else block_safe_options(options)
+        if safe is None:
+            return None
+
+        def make_call():
+            # fresh each call: blocks write into their transformer_options
+            bound.arguments[self.site.options_arg] = compiled_block_options(self.allow_sdpa)
+            return bound.args, bound.kwargs
+
+        return make_call
+
+    def _send_to_background(self, args: tuple, kwargs: dict) -> bool:
+        """True when this block runs eagerly because its kind compiles in the background. The first block of a
+        kind that must be compiled cold is captured (its inputs' layouts) for the child process."""
+        plan, entry = self.plan, self.entry
+        capture = plan.captures.get(entry.key)
+        if capture is None:
+            if entry.background.waiting:
+                return True
+            if not entry.needs_background():
+                return False
+        make_call = self._make_call(args, kwargs)
+        if make_call is None:  # patched in this call: capture a later block of the kind
+            return entry.background.waiting
+        if capture is None:
+            capture = plan.captures[entry.key] = Capture(entry, self.site.module, self.site.attribute,
+                                                         torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+            entry.background.capture()
+        call_args, call_kwargs = make_call()
+        capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
+        return True

@@ -1,0 +1,287 @@
+"""One block kind's compiled entry point: compile, run compiled or eager, and count what happened.
+
+Each kind gets its own entry function with its own code object: Dynamo keeps its compiled-code cache and its
+automatic-dynamic-shape state per code object, so kinds never evict each other or share a recompile limit.
+Every compiled call with inputs not seen before runs inside the persistent compile cache's scope (accel/cache):
+torch's on-disk caches live in the pack's directory for that call, and what it compiles is saved as the kind's
+portable artifacts.
+
+What auto mode decided for the kind lives in its `choice` (kind_choice.py), where it stands with the background
+compiler in its `background` (background/state.py); this module only runs what it is told to.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import types
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+
+from ..cache import COMPILE_CACHE
+from ..cache.store import key_id
+from .background import KindBackground
+from .blocks import BlockKind
+from .cpu_isa import vec_isa_options
+from .kind_choice import KindChoice
+from .options import CompileOptions
+
+log = logging.getLogger("comfyui_accel")
+
+
+def device_signature(device: torch.device) -> tuple:
+    if device.type == "cuda":
+        return ("cuda", torch.cuda.get_device_capability(device))
+    return (device.type, None)
+
+
+def _entry_point(forward: Callable, name: str) -> Callable:
+    """A function that calls `forward(block, ...)`, with a code object of its own named `name`."""
+    def block_entry(block, *args, **kwargs):
+        return forward(block, *args, **kwargs)
+
+    code = block_entry.__code__.replace(co_name=name)
+    if hasattr(code, "co_qualname"):
+        code = code.replace(co_qualname=name)
+    return types.FunctionType(code, block_entry.__globals__, name, None, block_entry.__closure__)
+
+
+def _root_cause(err: BaseException) -> str:
+    """The innermost exception's type and first line: Dynamo wraps backend errors in BackendCompilerFailed."""
+    while (inner := getattr(err, "inner_exception", None) or err.__cause__) is not None:
+        err = inner
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def wait_for_device(device_type: str) -> None:
+    """CUDA runs kernels asynchronously: a timing must wait for them, or it measures only their launch."""
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _dynamo_frames() -> int:
+    from torch._dynamo.utils import counters  # lazily: importing the pack must not pull in Dynamo
+
+    return counters["frames"]["ok"]
+
+
+# torch's own counters of its on-disk caches: a compile that hits them costs tracing, not code generation.
+DISK_CACHE_COUNTERS = {"fx_graph_hits": ("inductor", "fxgraph_cache_hit"),
+                       "fx_graph_misses": ("inductor", "fxgraph_cache_miss"),
+                       "aot_autograd_hits": ("aot_autograd", "autograd_cache_hit"),
+                       "aot_autograd_misses": ("aot_autograd", "autograd_cache_miss")}
+
+
+def disk_cache_counters() -> Counter[str]:
+    from torch._dynamo.utils import counters
+
+    return Counter({name: counters[group][key] for name, (group, key) in DISK_CACHE_COUNTERS.items()})
+
+
+def compile_kwargs(options: CompileOptions, device_type: str) -> dict:
+    """torch.compile's arguments for one kind: the user's options, plus inductor options of the pack's own that
+    apply to this compile only (torch.compile takes a mode or options, so a mode becomes its options)."""
+    kwargs = options.torch_compile_kwargs(device_type)
+    extra = {}
+    if device_type == "cpu" and options.backend == "inductor":
+        env = COMPILE_CACHE.environment("cpu")
+        if env.check_usable():
+            extra = vec_isa_options(env.dir)
+    if extra:
+        from torch._inductor import list_mode_options
+
+        mode = kwargs.pop("mode", None)
+        kwargs["options"] = {**(list_mode_options(mode, kwargs.get("dynamic")) if mode else {}),
+                             **kwargs.get("options", {}), **extra}
+    return kwargs
+
+
+def input_signature(args: tuple, kwargs: dict) -> tuple:
+    """What of a call's inputs Dynamo guards on: tensor shapes, dtypes and devices, scalar values, grad mode."""
+    def describe(value):
+        if isinstance(value, torch.Tensor):
+            return (tuple(value.shape), value.dtype, value.device)
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        return type(value)
+
+    return (torch.is_grad_enabled(), tuple(describe(a) for a in args),
+            tuple((k, describe(v)) for k, v in kwargs.items()))
+
+
+def _varying_dims(shapes: tuple, first: tuple) -> set[tuple[int, int]]:
+    """(tensor index, dimension) pairs to make dynamic once inputs changed shape: each tensor's batch dimension
+    (batch size and cond/uncond batching change between any two prompts), every dimension that differed, and for an
+    image or video tensor (4 or more dimensions) all its spatial and frame dimensions together once one of them
+    differed (a size change from a square image to a portrait one should not compile again)."""
+    dims = {(i, 0) for i, shape in enumerate(shapes) if shape}
+    if len(shapes) != len(first):
+        return dims  # another set of inputs: the batch dimension of each is all that can be said
+    for i, (now, before) in enumerate(zip(shapes, first)):
+        if len(now) != len(before):
+            continue
+        changed = {d for d in range(len(now)) if now[d] != before[d]}
+        if len(now) >= 4 and any(d >= 2 for d in changed):
+            changed |= set(range(2, len(now)))
+        dims |= {(i, d) for d in changed}
+    return dims
+
+
+class KindEntry:
+    """One block kind: its lazily compiled entry point and its statistics."""
+
+    def __init__(self, key: tuple, kind: BlockKind, forward: Callable, options: CompileOptions, device_type: str):
+        self.key = key
+        self.kind = kind
+        self.options = options
+        self.name = f"accel_{kind.class_name.replace('.', '_')}_{kind.signature}"
+        self.compiled = torch.compile(_entry_point(forward, self.name), **compile_kwargs(options, device_type))
+        self.forward = forward
+        self.device_type = device_type
+        self.cache_id = key_id(key)  # its name in the persistent compile cache
+        self.failure: str | None = None  # set when compiling or a first compiled run failed: eager for good
+        self.compiles = 0
+        self.compile_seconds = 0.0
+        self.cache_hits = 0
+        self.last_call_warm = False  # the latest compiled call neither compiled nor met new inputs (a fair timing)
+        self.disk_cache: Counter[str] = Counter()  # torch's on-disk cache hits and misses while compiling
+        self.eager_calls: Counter[str] = Counter()
+        self.recompile_reasons: list[str] = []
+        # dynamic="auto": the first input shapes compile static; once another shape is seen, every dimension
+        # that differed is marked dynamic (and stays so), so one more compile covers every later such change.
+        self.first_shapes: tuple | None = None
+        self.dynamic_dims: set[tuple[int, int]] = set()  # (tensor index, dimension)
+        self.seen_inputs: set[tuple] = set()  # input signatures already run compiled (see _call_compiled)
+        self.choice = KindChoice(kind.label, key_id(key[:4]), device_type)  # choose="auto" (kind_choice.py)
+        self.background = KindBackground(kind.label)  # choose="auto" with a background compile (background/)
+
+    @property
+    def path(self) -> str:
+        """The path its blocks take in auto mode now."""
+        if self.failure or self.background.waiting:
+            return "eager"
+        return self.choice.path or "compiled"
+
+    def needs_background(self) -> bool:
+        """True the first time this kind must be compiled cold: never compiled here, no path chosen, and no
+        artifacts of its key in the persistent cache (those load in a fraction of a compile, so they load here)."""
+        if not self.background.undecided:
+            return False
+        if self.compiles or self.seen_inputs or self.choice.decided or self.failure:
+            self.background.not_needed("compiled in this process")
+            return False
+        env = COMPILE_CACHE.environment(self.device_type)
+        if not env.check_usable():
+            self.background.not_needed("no usable compile cache to hand graphs over")
+            return False
+        if env.has_artifacts(self.cache_id):
+            self.background.not_needed("found in the persistent compile cache")
+            return False
+        return True
+
+    # -- calls -----------------------------------------------------------------------------------
+    def run_eager(self, block, args: tuple, kwargs: dict, reason: str):
+        self.eager_calls[reason] += 1
+        return self.forward(block, *args, **kwargs)
+
+    def run_compiled(self, block, make_call: Callable[[], tuple[tuple, dict]], args: tuple, kwargs: dict):
+        """Run `block` compiled. `make_call` builds fresh (args, kwargs) for the compiled call; `args`/`kwargs`
+        are the caller's own, for the eager path a failed compile falls back to."""
+        if self.failure:
+            return self.run_eager(block, args, kwargs, self.reason)
+        frames = _dynamo_frames()
+        start = time.perf_counter()
+        self.last_call_warm = False
+        try:
+            out, seen = self._call_compiled(block, make_call)
+        except (torch.OutOfMemoryError, KeyboardInterrupt):
+            raise
+        except Exception as err:  # a failed compile or first run costs this kind its compiled path, not the prompt
+            self._fall_back(_root_cause(err))
+            return self.run_eager(block, args, kwargs, self.reason)
+        new_frames = _dynamo_frames() - frames
+        if new_frames:
+            self._note_compile(new_frames, time.perf_counter() - start, args, kwargs)
+        else:
+            self.cache_hits += 1
+            self.last_call_warm = seen
+        return out
+
+    @property
+    def reason(self) -> str:
+        return self.failure or self.choice.reason
+
+    def _call_compiled(self, block, make_call: Callable[[], tuple[tuple, dict]]) -> tuple[Any, bool]:
+        """One compiled call, and whether its inputs were seen before. New inputs may compile, so that call runs
+        inside the persistent cache's scope (torch's caches in the pack's directory, the artifacts saved); inputs
+        already seen skip the scope's cost, tens of microseconds a call. Should another guard still recompile
+        there, the graph is correct and merely not persisted."""
+        call_args, call_kwargs = make_call()
+        self._mark_shapes(call_args, call_kwargs)
+        signature = input_signature(call_args, call_kwargs)
+        if signature in self.seen_inputs:
+            return self.compiled(block, *call_args, **call_kwargs), True
+        disk = disk_cache_counters()
+        with COMPILE_CACHE.environment(self.device_type).compiling(self.cache_id, self.name):
+            out = self.compiled(block, *call_args, **call_kwargs)
+        self.disk_cache.update(disk_cache_counters() - disk)
+        self.seen_inputs.add(signature)
+        return out, False
+
+    def _mark_shapes(self, args: tuple, kwargs: dict) -> None:
+        """dynamic="auto": every dimension that ever differed from the first call's is marked dynamic. Which
+        dimensions vary depends on the model: batch and spatial size for a UNet block, the token count for a
+        DiT block (a longer prompt, a larger image or more frames), so they are found, not assumed."""
+        if self.options.dynamic != "auto":
+            return
+        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        shapes = tuple(tuple(t.shape) for t in tensors)
+        if self.first_shapes is None:
+            self.first_shapes = shapes
+            return
+        if shapes != self.first_shapes:
+            self.dynamic_dims.update(_varying_dims(shapes, self.first_shapes))
+        if self.dynamic_dims:
+            from torch._dynamo import maybe_mark_dynamic  # a hint: a dim Dynamo must specialise stays static
+
+            for index, dim in self.dynamic_dims:
+                if index < len(tensors) and dim < tensors[index].dim():
+                    maybe_mark_dynamic(tensors[index], dim)
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def _note_compile(self, frames: int, seconds: float, args: tuple, kwargs: dict) -> None:
+        if self.compiles:
+            self.recompile_reasons.append(self._last_guard_failure())
+        self.compiles += frames
+        self.compile_seconds += seconds
+        shapes = [tuple(a.shape) for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        log.info("[Accel] compiled %s for input %s in %.1f s%s", self.kind.label, shapes[0] if shapes else "?",
+                 seconds, f" (recompile: {self.recompile_reasons[-1]})" if self.compiles > frames else "")
+
+    def _last_guard_failure(self) -> str:
+        from torch._dynamo.utils import guard_failures
+
+        for code, reasons in guard_failures.items():
+            if getattr(code, "co_name", None) == self.name and reasons:
+                return str(reasons[-1]).split("\n")[0][:300]  # the latest failure, first line
+        return "new shape or state"
+
+    def _fall_back(self, why: str) -> None:
+        self.failure = f"compile failed: {why}"
+        log.warning("[Accel] Compile Model: %s runs eagerly because compiling it failed (%s). The output is "
+                    "unaffected; ACCEL_DISABLE_COMPILE=1 skips compiling altogether.", self.kind.label, why)
+
+    def stats(self) -> dict[str, Any]:
+        choice = self.choice
+        return {
+            "kind": self.kind.label, "entry": self.name, "path": self.path, "timed": choice.decided,
+            "reason": self.reason or ("" if choice.decided else choice.progress()),
+            "compiles": self.compiles, "recompiles": max(0, self.compiles - 1) if self.compiles else 0,
+            "recompile_reasons": list(self.recompile_reasons), "compile_seconds": round(self.compile_seconds, 3),
+            "cache_hits": self.cache_hits, "disk_cache": dict(self.disk_cache),
+            "eager_calls": dict(self.eager_calls), "timings": dict(choice.timings),
+            "call_share": round(choice.share, 4) if choice.share is not None else None,
+            "dynamic_dims": sorted(self.dynamic_dims), "background": self.background.stats(),
+        }
