@@ -36,11 +36,13 @@ class ComfyServer:
     """A ComfyUI `main.py --cpu` process. Use as a context manager so it is always stopped."""
 
     def __init__(self, base_dir: Path, comfy_dir: Path | None = None, extra_args: tuple[str, ...] = (),
-                 with_pack: bool = True):
+                 with_pack: bool = True, extra_nodes: tuple[Path, ...] = (), env: dict | None = None):
         self.comfy_dir = comfy_dir or comfyui_dir()
         self.base_dir = Path(base_dir)
         self.extra_args = tuple(extra_args)
         self.with_pack = with_pack
+        self.extra_nodes = tuple(Path(p) for p in extra_nodes)  # more custom-node folders (tests' own nodes)
+        self.env = dict(env or {})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.client_id = uuid.uuid4().hex
@@ -54,6 +56,10 @@ class ComfyServer:
         link = self.base_dir / "custom_nodes" / PACK_LINK_NAME
         if self.with_pack and not link.exists():
             link.symlink_to(ROOT, target_is_directory=True)
+        for folder in self.extra_nodes:
+            extra_link = self.base_dir / "custom_nodes" / folder.name
+            if not extra_link.exists():
+                extra_link.symlink_to(folder.resolve(), target_is_directory=True)
         models = self.comfy_dir / "models"
         lines = ["accel_generated_models:", f"  base_path: {models}"]
         lines += [f"  {folder}: {folder}" for folder in MODEL_FOLDERS]
@@ -67,7 +73,7 @@ class ComfyServer:
                "--port", str(self.port), "--disable-auto-launch", "--dont-print-server",
                "--base-directory", str(self.base_dir), "--extra-model-paths-config", str(extra),
                *self.extra_args]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self._log_file = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=self.comfy_dir, stdout=self._log_file, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)

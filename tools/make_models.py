@@ -3,7 +3,7 @@
 The weights are random, but architectures, file formats and key names are the real ones, and each
 file is loaded back by ComfyUI's own loaders (UNETLoader, CLIPLoader, LoraLoader, VAELoader "taesd").
 
-    python tools/make_models.py --set test   # small UNet, LoRAs, CLIP-L, TAESD (tests, demo)
+    python tools/make_models.py --set test   # small UNet, LoRAs, CLIP-L, TAESD, one model per family (tests, demo)
     python tools/make_models.py --set full   # full-size SD1.5 UNets A and B (benchmarks, swap tests)
 
 A file that already exists with the same generator version and seed is left as it is.
@@ -20,6 +20,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.comfy_env import import_comfyui  # noqa: E402
+from tools.family_models import FAMILIES, dit_lora_state_dict, family_state_dict  # noqa: E402
 
 GENERATOR_VERSION = "1"
 
@@ -149,6 +150,11 @@ MODEL_FILES = [
     ModelFile("clip", "accel-clip-l.safetensors", 21, clip_l_state_dict, ("test",)),
     ModelFile("vae_approx", "taesd_encoder.safetensors", 31, taesd_part(0), ("test",)),
     ModelFile("vae_approx", "taesd_decoder.safetensors", 31, taesd_part(1), ("test",)),
+    # One model per ComfyUI transformer family, plus SDXL (tools/family_models.py); "wide" ones are 0.4-2 GB.
+    *[ModelFile("diffusion_models", f.file_name, 41 + i, lambda s, f=f: family_state_dict(f, s), ("test",))
+      for i, f in enumerate(FAMILIES)],
+    ModelFile("loras", "accel-flux-lora.safetensors", 61, lambda s: dit_lora_state_dict("flux", s), ("test",)),
+    ModelFile("loras", "accel-flux-lora-2.safetensors", 62, lambda s: dit_lora_state_dict("flux", s), ("test",)),
     ModelFile("diffusion_models", "accel-sd15-a.safetensors", 101, lambda s: sd15_unet_state_dict(SD15_FULL, s), ("full",)),
     ModelFile("diffusion_models", "accel-sd15-b.safetensors", 102, lambda s: sd15_unet_state_dict(SD15_FULL, s), ("full",)),
 ]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import logging
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ..cache import COMPILE_CACHE
@@ -60,6 +61,7 @@ class CallPlan:
     captures: dict = field(default_factory=dict)  # kind key -> background.Capture
     kind_seconds: dict = field(default_factory=dict)  # PROFILE: seconds per kind key
     blocks: int = 0
+    served_before: tuple | None = None  # the kinds' counts of compiled and eager block calls before the call
 
     @property
     def timed(self) -> bool:
@@ -154,10 +156,17 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
     return CallPlan(CallMode.DISPATCH, False, background, device_type, _compiles_here(entries, background))
 
 
+def start_call(record, plan: CallPlan) -> None:
+    plan.served_before = _served(record.entries)
+
+
 def finish_call(record, plan: CallPlan, seconds: float, call_key: tuple) -> None:
-    """What the call measured goes where it belongs: kinds' shares, captures to the background compiler,
-    whole-call samples to the check."""
+    """What the call measured goes where it belongs: which blocks ran how (the model's stats), kinds' shares,
+    captures to the background compiler, whole-call samples to the check."""
     entries, auto = record.entries, record.auto
+    (compiled_before, eager_before), (compiled_after, eager_after) = plan.served_before, _served(entries)
+    record.last_call = {"mode": plan.mode.value, "blocks": plan.blocks, "compiled": compiled_after - compiled_before,
+                        "eager": dict(eager_after - eager_before)}
     if plan.mode is CallMode.PROFILE:
         auto.profiled = True
         measured = {e.key: e for e in entries if e.key in plan.kind_seconds}  # one per kind, not per block
@@ -178,6 +187,12 @@ def _launch_background(captures: list, device_type: str) -> None:
         if capture not in wanted:
             capture.entry.background.not_needed(capture.entry.reason)
     BACKGROUND.launch(wanted, COMPILE_CACHE.environment(device_type).dir)  # kinds it cannot send: compiled here
+
+
+def _served(entries: list[KindEntry]) -> tuple[int, Counter]:
+    """Block calls the model's kinds ran compiled so far, and eagerly by reason (each kind counted once)."""
+    unique = {e.key: e for e in entries}.values()
+    return (sum(e.cache_hits + e.compiles for e in unique), sum((e.eager_calls for e in unique), Counter()))
 
 
 def _compiles_here(entries: list[KindEntry], background: bool) -> int:

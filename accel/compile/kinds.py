@@ -99,16 +99,27 @@ def compile_kwargs(options: CompileOptions, device_type: str) -> dict:
 
 
 def input_signature(args: tuple, kwargs: dict) -> tuple:
-    """What of a call's inputs Dynamo guards on: tensor shapes, dtypes and devices, scalar values, grad mode."""
+    """What of a call's inputs Dynamo guards on: tensor shapes, layouts, dtypes and devices, scalar values, grad
+    mode. (Layout as contiguous or not: a transposed input is another graph, Wan's first block gets one.)"""
     def describe(value):
         if isinstance(value, torch.Tensor):
-            return (tuple(value.shape), value.dtype, value.device)
+            return (tuple(value.shape), value.dtype, value.device, value.is_contiguous())
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
         return type(value)
 
     return (torch.is_grad_enabled(), tuple(describe(a) for a in args),
             tuple((k, describe(v)) for k, v in kwargs.items()))
+
+
+def _call_variant(args: tuple, kwargs: dict) -> tuple:
+    """A call's inputs apart from their sizes: which are tensors (their rank and whether contiguous) or None."""
+    def describe(value):
+        if isinstance(value, torch.Tensor):
+            return (value.dim(), value.is_contiguous())
+        return None if value is None else type(value).__name__
+
+    return tuple(describe(v) for v in (*args, *kwargs.values()))
 
 
 def _varying_dims(shapes: tuple, first: tuple) -> set[tuple[int, int]]:
@@ -154,6 +165,9 @@ class KindEntry:
         self.first_shapes: tuple | None = None
         self.dynamic_dims: set[tuple[int, int]] = set()  # (tensor index, dimension)
         self.seen_inputs: set[tuple] = set()  # input signatures already run compiled (see _call_compiled)
+        # The ways the model calls this kind apart from shapes (which inputs are tensors or None, their memory
+        # layouts): each needs graphs of its own, so a shape change costs one compile per variant.
+        self.call_variants: set[tuple] = set()
         self.choice = KindChoice(kind.label, key_id(key[:4]), device_type)  # choose="auto" (kind_choice.py)
         self.background = KindBackground(kind.label)  # choose="auto" with a background compile (background/)
 
@@ -223,6 +237,7 @@ class KindEntry:
         signature = input_signature(call_args, call_kwargs)
         if signature in self.seen_inputs:
             return self.compiled(block, *call_args, **call_kwargs), True
+        self.call_variants.add(_call_variant(call_args, call_kwargs))
         disk = disk_cache_counters()
         with COMPILE_CACHE.environment(self.device_type).compiling(self.cache_id, self.name):
             out = self.compiled(block, *call_args, **call_kwargs)
@@ -283,5 +298,6 @@ class KindEntry:
             "cache_hits": self.cache_hits, "disk_cache": dict(self.disk_cache),
             "eager_calls": dict(self.eager_calls), "timings": dict(choice.timings),
             "call_share": round(choice.share, 4) if choice.share is not None else None,
-            "dynamic_dims": sorted(self.dynamic_dims), "background": self.background.stats(),
+            "dynamic_dims": sorted(self.dynamic_dims), "call_variants": len(self.call_variants),
+            "background": self.background.stats(),
         }

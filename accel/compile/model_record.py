@@ -28,6 +28,7 @@ class ModelRecord:
     sites: list[BlockSite]
     entries: list[KindEntry]  # one per site (blocks of one kind share an entry)
     auto: AutoMode | None  # choose="auto" only
+    last_call: dict = field(default_factory=dict)  # how its latest call's blocks ran (compiled, eager and why)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from .auto_mode import finish_call, plan_call
+from .auto_mode import finish_call, plan_call, start_call
 from .blocks import cannot_compile_reason
 from .dispatch import BlockDispatcher
 from .kinds import wait_for_device
@@ -63,6 +63,7 @@ class CompiledApplyModel:
         # the per-block offload check is only needed after a partial load.
         partial = getattr(base_model, "model_lowvram", True)
         installed = []
+        start_call(record, plan)
         try:
             for site, entry in zip(record.sites, record.entries):
                 reason = cannot_compile_reason(site.module, x.device) if partial else None

@@ -74,6 +74,7 @@ class GraphRegistry:
             "kinds": kinds,
             "models": models,
             "whole_call_checks": {r.label: r.auto.stats(r.entries) for r in records if r.auto is not None},
+            "last_calls": {r.label: r.last_call for r in records if r.last_call},
             "totals": {
                 "kinds": len(kinds),
                 "compiles": sum(k["compiles"] for k in kinds),

@@ -1,0 +1,37 @@
+"""A test-only ComfyUI node: a generated model family's conditioning and empty latent (tests/families.py), so a
+started server can sample transformer models without their multi-GB text encoders. Linked into a test server's
+custom_nodes by the tests that need it; never part of the pack."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_TESTS = Path(__file__).resolve().parents[2]
+for path in (_TESTS, _TESTS.parent):
+    if str(path) not in sys.path:
+        sys.path.append(str(path))
+
+
+class AccelTestInputs:
+    RETURN_TYPES = ("CONDITIONING", "CONDITIONING", "LATENT")
+    RETURN_NAMES = ("positive", "negative", "latent")
+    FUNCTION = "make"
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        from families import BY_FAMILY
+
+        return {"required": {"family": (sorted(BY_FAMILY),), "seed": ("INT", {"default": 0, "min": 0}),
+                             "tokens": ("INT", {"default": 77, "min": 1, "max": 4096})}}
+
+    def make(self, family, seed, tokens):
+        import torch
+        from families import BY_FAMILY
+
+        case = BY_FAMILY[family]
+        positive, negative = case.conds(seed, tokens)
+        return positive, negative, {"samples": torch.zeros(case.latent_shape)}
+
+
+NODE_CLASS_MAPPINGS = {"AccelTestInputs": AccelTestInputs}

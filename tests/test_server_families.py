@@ -1,0 +1,87 @@
+"""Flux and Wan 2.1 through a started ComfyUI server, as a user runs them over the HTTP API: UNETLoader ->
+Compile Model (every default) -> KSampler -> SaveLatent, against the same workflow without Compile Model.
+
+The server starts with an empty compile cache, so the first prompt meets the background compile: its blocks run
+eagerly while a child compiles them, and its latent equals eager bit for bit. Once the child is done, the next
+prompt loads its graphs (equal to eager within the compiled tolerance), and a third compiles nothing.
+Conditioning comes from a test-only node (tests/server_nodes/), not from text encoders.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from compile_helpers import assert_close_to_eager
+from families import BY_FAMILY
+from tools.comfy_server import ComfyServer
+
+pytestmark = pytest.mark.server
+TEST_NODES = Path(__file__).with_name("server_nodes") / "accel_test_inputs"
+
+
+@pytest.fixture(scope="module")
+def family_server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("family-server")
+    with ComfyServer(base, extra_nodes=(TEST_NODES,), env={"ACCEL_CACHE_DIR": str(base / "compile-cache")}) as srv:
+        yield srv
+
+
+def workflow(family: str, seed: int, prefix: str, compiled: bool) -> dict:
+    case = BY_FAMILY[family]
+    model = ["1", 0]
+    graph = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": case.file_name, "weight_dtype": "default"}},
+        "2": {"class_type": "AccelTestInputs", "inputs": {"family": family, "seed": seed, "tokens": case.tokens}},
+        "4": {"class_type": "KSampler", "inputs": {
+            "model": model, "seed": seed, "steps": 4, "cfg": case.cfg, "sampler_name": "euler",
+            "scheduler": "normal", "positive": ["2", 0], "negative": ["2", 1], "latent_image": ["2", 2],
+            "denoise": 1.0}},
+        "5": {"class_type": "SaveLatent", "inputs": {"samples": ["4", 0], "filename_prefix": prefix}},
+    }
+    if compiled:  # the node's defaults, as the web UI adds it
+        graph["3"] = {"class_type": "AccelCompileModel", "inputs": {
+            "model": ["1", 0], "mode": "default", "dynamic": "auto", "scope": "auto"}}
+        graph["4"]["inputs"]["model"] = ["3", 0]
+    return graph
+
+
+def run_latent(server, graph: dict) -> torch.Tensor:
+    from safetensors.torch import load_file
+
+    server.run_workflow(graph, timeout=900)
+    prefix = graph["5"]["inputs"]["filename_prefix"]
+    files = sorted((server.base_dir / "output").glob(f"{prefix}_*.latent"))
+    assert len(files) == 1, files
+    return load_file(str(files[0]))["latent_tensor"].float()
+
+
+def wait_for_background(server, timeout: float = 900) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        background = server.get_json("/accel/stats")["compile"]["background"]
+        if background["running"] is None and not background["queued"]:
+            return background
+        time.sleep(2)
+    raise AssertionError(f"the background compile did not finish: {background}")
+
+
+@pytest.mark.parametrize("family", ["flux", "wan21"])
+def test_compile_model_defaults_over_http_equal_eager(family_server, family):
+    eager = {seed: run_latent(family_server, workflow(family, seed, f"{family}-eager-{seed}", False))
+             for seed in (1, 2)}
+    first = run_latent(family_server, workflow(family, 1, f"{family}-first", True))
+    assert torch.equal(first, eager[1]), "the first prompt, while the child compiles, differs from eager"
+    jobs = wait_for_background(family_server)["finished"]
+    assert jobs and all(not job["failed"] for job in jobs), jobs
+    second = run_latent(family_server, workflow(family, 2, f"{family}-second", True))
+    assert_close_to_eager(second, eager[2], f"{family}: with the child's graphs")
+    stats = family_server.get_json("/accel/stats")["compile"]
+    kinds = [k for k in stats["kinds"] if k["background"]["state"] == "done"]
+    assert kinds and all(k["compiles"] >= 1 and k["disk_cache"].get("fx_graph_hits", 0) >= 1 for k in kinds), kinds
+    compiles = stats["totals"]["compiles"]
+    third = run_latent(family_server, workflow(family, 3, f"{family}-third", True))
+    assert torch.isfinite(third).all()
+    assert family_server.get_json("/accel/stats")["compile"]["totals"]["compiles"] == compiles, "a repeat compiled"
