@@ -5,7 +5,7 @@ import runpy
 import sys
 from pathlib import Path
 
-BENCHMARKS = ["eager_baseline.py", "compile_model.py", "compile_steady.py", "cold_start.py", "deepcache_speed.py",
+BENCHMARKS = ["eager_baseline.py", "compile_model.py", "compile_flux.py", "compile_steady.py", "cold_start.py", "deepcache_speed.py",
               "deepcache_quality.py", "swap_weights.py"]
 
 if __name__ == "__main__":

@@ -53,3 +53,12 @@ def assert_close_to_eager(actual, expected, what: str) -> None:
     # Compiled float32 kernels reassociate sums: differences of ~1e-4 on values up to ~300 are expected.
     scale = expected.abs().max().item()
     torch.testing.assert_close(actual, expected, rtol=1e-3, atol=2e-5 * max(scale, 1.0), msg=what)
+
+
+def own_kinds(engine, patcher, choose: str | None = None) -> list[dict]:
+    """Registry stats of the kinds `patcher`'s model runs (each once; only its records with `choose`, if given),
+    whatever else this process compiled: kinds are shared between models, so the registry holds other tests'."""
+    records = engine.model_record._states[patcher.model.diffusion_model].records
+    entries = {e.key: e for (_, options, _), record in records.items()
+               if choose is None or options.choose == choose for e in record.entries}
+    return [e.stats() for e in entries.values()]

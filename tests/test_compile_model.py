@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compile_helpers import SMALL_B, apply_model, assert_close_to_eager, dynamo_frames, load, sample
+from compile_helpers import SMALL_B, apply_model, assert_close_to_eager, dynamo_frames, load, own_kinds, sample
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,7 @@ def test_attention_patch_runs_those_blocks_eagerly_and_correctly(compiled_small,
 def test_auto_mode_keeps_a_path_per_kind_and_stays_correct(engine, comfy_nodes, compiled_small):
     model = engine.compile_model(compiled_small["model"], engine.CompileOptions())  # choose="auto"
     assert_close_to_eager(sample(model), compiled_small["eager"], "auto mode")
-    kinds = engine.REGISTRY.stats()["kinds"]
+    kinds = own_kinds(engine, model, "auto")
     auto_kinds = [k for k in kinds if k["timed"] and "ms vs eager" in k["reason"]]
     assert auto_kinds, "auto mode timed no block kind"
     assert all(k["timings"]["compiled_s"] > 0 and k["timings"]["eager_s"] > 0 for k in auto_kinds)
@@ -199,7 +199,7 @@ def test_auto_mode_never_compiles_kinds_too_small_to_matter(engine, comfy_nodes,
     frames = dynamo_frames()
     assert_close_to_eager(sample(model, steps=4), eager, "auto mode with every kind left eager")
     assert dynamo_frames() == frames, "a kind under the share threshold was compiled"
-    skipped = [k for k in engine.REGISTRY.stats()["kinds"] if "not worth compiling" in k["reason"]]
+    skipped = [k for k in own_kinds(engine, model) if "not worth compiling" in k["reason"]]
     assert len(skipped) >= 3 and all(k["path"] == "eager" and k["compiles"] == 0 for k in skipped), skipped
 
 

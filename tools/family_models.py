@@ -100,6 +100,11 @@ FAMILIES = [
 
 BY_NAME = {f.name: f for f in FAMILIES}
 
+# The Compile Model benchmark's Flux (bench/compile_flux.py): full width, 2 double + 4 single blocks (1.3 B
+# parameters, 2.6 GB in fp16, 5 GB in RAM at fp32), what a 2-core 24 GB machine samples in seconds per step.
+FLUX_BENCH = Family("flux-bench", "Flux", dict(FLUX_BASE, image_model="flux", out_channels=16, vec_in_dim=768,
+                                                guidance_embed=True, depth=2, depth_single_blocks=4), wide=True)
+
 
 def build_model(config_name: str, unet_config: dict):
     """The family's ComfyUI model (model_base.*), on the meta device: key names and shapes, no memory."""

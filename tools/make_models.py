@@ -4,7 +4,7 @@ The weights are random, but architectures, file formats and key names are the re
 file is loaded back by ComfyUI's own loaders (UNETLoader, CLIPLoader, LoraLoader, VAELoader "taesd").
 
     python tools/make_models.py --set test   # small UNet, LoRAs, CLIP-L, TAESD, one model per family (tests, demo)
-    python tools/make_models.py --set full   # full-size SD1.5 UNets A and B (benchmarks, swap tests)
+    python tools/make_models.py --set full   # full-size SD1.5 UNets A and B, the benchmark Flux (benchmarks)
 
 A file that already exists with the same generator version and seed is left as it is.
 """
@@ -20,7 +20,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.comfy_env import import_comfyui  # noqa: E402
-from tools.family_models import FAMILIES, dit_lora_state_dict, family_state_dict  # noqa: E402
+from tools.family_models import FAMILIES, FLUX_BENCH, dit_lora_state_dict, family_state_dict  # noqa: E402
 
 GENERATOR_VERSION = "1"
 
@@ -157,6 +157,7 @@ MODEL_FILES = [
     ModelFile("loras", "accel-flux-lora-2.safetensors", 62, lambda s: dit_lora_state_dict("flux", s), ("test",)),
     ModelFile("diffusion_models", "accel-sd15-a.safetensors", 101, lambda s: sd15_unet_state_dict(SD15_FULL, s), ("full",)),
     ModelFile("diffusion_models", "accel-sd15-b.safetensors", 102, lambda s: sd15_unet_state_dict(SD15_FULL, s), ("full",)),
+    ModelFile("diffusion_models", FLUX_BENCH.file_name, 103, lambda s: family_state_dict(FLUX_BENCH, s), ("full",)),
 ]
 
 

@@ -148,7 +148,7 @@ class KindEntry:
         self.kind = kind
         self.options = options
         self.name = f"accel_{kind.class_name.replace('.', '_')}_{kind.signature}"
-        self.compiled = torch.compile(_entry_point(forward, self.name), **compile_kwargs(options, device_type))
+        self._compiled: Callable | None = None  # made at the first compiled call (see `compiled`)
         self.forward = forward
         self.device_type = device_type
         self.cache_id = key_id(key)  # its name in the persistent compile cache
@@ -170,6 +170,15 @@ class KindEntry:
         self.call_variants: set[tuple] = set()
         self.choice = KindChoice(kind.label, key_id(key[:4]), device_type)  # choose="auto" (kind_choice.py)
         self.background = KindBackground(kind.label)  # choose="auto" with a background compile (background/)
+
+    def compiled_entry(self) -> Callable:
+        """The kind's torch.compile'd entry point, made when first needed: its options may need the CPU's vector
+        instruction probe (cpu_isa.py, seconds), which a kind compiled in the background leaves to the child,
+        off the first prompt's path."""
+        if self._compiled is None:
+            self._compiled = torch.compile(_entry_point(self.forward, self.name),
+                                           **compile_kwargs(self.options, self.device_type))
+        return self._compiled
 
     @property
     def path(self) -> str:
@@ -205,11 +214,12 @@ class KindEntry:
         are the caller's own, for the eager path a failed compile falls back to."""
         if self.failure:
             return self.run_eager(block, args, kwargs, self.reason)
+        compiled = self.compiled_entry()  # before the clock starts: its CPU probe is no compile time
         frames = _dynamo_frames()
         start = time.perf_counter()
         self.last_call_warm = False
         try:
-            out, seen = self._call_compiled(block, make_call)
+            out, seen = self._call_compiled(compiled, block, make_call)
         except (torch.OutOfMemoryError, KeyboardInterrupt):
             raise
         except Exception as err:  # a failed compile or first run costs this kind its compiled path, not the prompt
@@ -227,7 +237,8 @@ class KindEntry:
     def reason(self) -> str:
         return self.failure or self.choice.reason
 
-    def _call_compiled(self, block, make_call: Callable[[], tuple[tuple, dict]]) -> tuple[Any, bool]:
+    def _call_compiled(self, compiled: Callable, block,
+                       make_call: Callable[[], tuple[tuple, dict]]) -> tuple[Any, bool]:
         """One compiled call, and whether its inputs were seen before. New inputs may compile, so that call runs
         inside the persistent cache's scope (torch's caches in the pack's directory, the artifacts saved); inputs
         already seen skip the scope's cost, tens of microseconds a call. Should another guard still recompile
@@ -236,11 +247,11 @@ class KindEntry:
         self._mark_shapes(call_args, call_kwargs)
         signature = input_signature(call_args, call_kwargs)
         if signature in self.seen_inputs:
-            return self.compiled(block, *call_args, **call_kwargs), True
+            return compiled(block, *call_args, **call_kwargs), True
         self.call_variants.add(_call_variant(call_args, call_kwargs))
         disk = disk_cache_counters()
         with COMPILE_CACHE.environment(self.device_type).compiling(self.cache_id, self.name):
-            out = self.compiled(block, *call_args, **call_kwargs)
+            out = compiled(block, *call_args, **call_kwargs)
         self.disk_cache.update(disk_cache_counters() - disk)
         self.seen_inputs.add(signature)
         return out, False
