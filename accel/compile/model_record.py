@@ -2,8 +2,10 @@
 
 A record holds what the APPLY_MODEL wrapper needs at every step and must not look up twice: the model's block
 sites (module structure does not change), their registry entries, and auto mode's whole-call state. Records
-hang off the diffusion model object (a weak key), so they live exactly as long as the model; clones of a
-ModelPatcher share the diffusion model and so share its records.
+hang off the diffusion model object (a weak key), so they live as long as the model; clones of a ModelPatcher
+share the diffusion model and so share its records. One exception, kept from before this module: with
+scope="whole model" the record's site holds the diffusion model itself, so that model's entry is never freed
+(a known leak, one per model compiled whole).
 """
 from __future__ import annotations
 
