@@ -113,8 +113,10 @@ def call(patcher, x):
 
 
 @pytest.mark.parametrize("background", [False, True], ids=["in-process", "background-capture"])
-def test_every_measuring_path_leaves_each_call_as_eager(accel_pack, monkeypatch, background):
+def test_every_measuring_path_leaves_each_call_as_eager(accel_pack, monkeypatch, tmp_path, background):
     engine = accel_pack.accel.compile
+    # A compile cache of its own: a cache holding these kinds from an earlier run would skip the background path.
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "compile-cache"))
     # Compiled always counts as faster per kind, so that after the profile call and the per-kind choice the
     # model goes on to the whole-call check: every measuring path runs on these calls.
     monkeypatch.setattr(engine.kind_choice, "FASTER_MARGIN", 1e9)
