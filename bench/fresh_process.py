@@ -44,8 +44,9 @@ def write_report(name: str, report: dict) -> dict:
 
     from tools.comfy_env import ROOT, comfyui_version
 
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     report = {"benchmark": name, **report,
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU", "torch": torch.__version__,
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores, {gpu}", "torch": torch.__version__,
               "comfyui": comfyui_version(), "python": platform.python_version()}
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import families
 from compile_helpers import assert_close_to_eager, load, sample
 from tools.comfy_env import ROOT, comfyui_dir
 from tools.comfy_server import ComfyServer, load_workflow
@@ -193,13 +194,14 @@ def test_unwritable_cache_dir_warns_once_and_the_prompt_completes(engine_and_nod
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(blocker / "cache"))
-    model = load(comfy_nodes)
-    eager = sample(model)
+    family = families.BY_FAMILY["ltxv"]  # one block kind: a short compile
+    model = families.load(comfy_nodes, family)
+    eager = families.sample(model, family)
     # a key of its own (static shapes), so this test really compiles while the cache is unusable
     compiled = engine.compile_model(model, engine.CompileOptions(dynamic="static", choose="always compiled"))
     with caplog.at_level(logging.WARNING, logger="comfyui_accel"):
-        out = sample(compiled)
-        sample(compiled)
+        out = families.sample(compiled, family)
+        families.sample(compiled, family)
     assert_close_to_eager(out, eager, "compiled with an unwritable cache directory")
     warnings = [r.getMessage() for r in caplog.records if "compile cache: cannot write" in r.getMessage()]
     assert len(warnings) == 1 and "ACCEL_CACHE_DIR" in warnings[0], warnings

@@ -1,12 +1,12 @@
 """Compile Model on every model family ComfyUI ships: SDXL, SD3, Flux, Chroma, Wan 2.1 and 2.2 (5-D video
 latents), HunyuanVideo, Qwen-Image, Lumina 2 and LTX-Video, each a generated model (tools/family_models.py)
-loaded by ComfyUI's own UNETLoader and sampled by its own sampler with conditioning tensors of the family's
-widths (tests/families.py).
+loaded by ComfyUI's own UNETLoader (detected as the family's model class) and sampled by its own sampler with
+conditioning tensors of the family's widths (tests/families.py).
 
 With every default (choose=auto, background compile) and with choose=always compiled, the output equals eager
 within the compiled tolerance, the background child's graphs are loaded, the repeat compiles nothing, and a
-prompt-length sweep and a size sweep each cost at most one compile per kind and call variant, then none (on four
-families in CI). Other options (static and dynamic shapes, whole-model scope) on two small DiTs. Compiles are
+prompt-length sweep and a size sweep each cost at most one compile per kind and call variant, then none (in CI:
+prompt length on Flux, size on Wan 2.1). Other options (static and dynamic shapes, whole-model scope) on two small DiTs. Compiles are
 counted with Dynamo's own counter, as a change over what each step does.
 """
 from __future__ import annotations
@@ -14,15 +14,17 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from compile_helpers import assert_close_to_eager, dynamo_frames, own_kinds
 from families import FAMILIES, load, sample
+from tools.family_models import BY_NAME
 
 
-# The sweeps compile dynamic graphs (20-45 s each here): CI runs them on one model of each shape of model (a
-# DiT with double and single blocks, a video DiT, a video DiT with a token refiner, a UNet); ACCEL_ALL_SWEEPS=1
-# on every family.
-SWEEP_FAMILIES = {"flux", "wan21", "sdxl", "hunyuan_video"}
+# The sweeps compile dynamic graphs (20-45 s each here). CI runs the prompt-length sweep on an image DiT with
+# double and single blocks (Flux) and the size sweep on a video DiT (Wan 2.1); test_compile_model.py sweeps a
+# UNet's sizes. ACCEL_ALL_SWEEPS=1 runs both sweeps on every family (CI's 30 minutes do not hold them all).
+SWEEPS = {"flux": ("tokens",), "wan21": ("latent_shape",)}
 # Measured exceptions to "one compile per kind and call variant": HunyuanVideo's token refiner compiles its
 # dynamic graph twice on the first longer prompt (the second after a guard on an input that is None).
 EXTRA_SWEEP_COMPILES = {("hunyuan_video", "tokens"): 1}
@@ -44,8 +46,15 @@ def sweep(model, family, **changes) -> int:
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 def test_compile_model_on_every_family(engine, comfy_nodes, family):
+    # The generated file is the family's model to ComfyUI's own loader, and samples deterministically.
     model = load(comfy_nodes, family)
+    assert type(model.model).__name__ == family.model_class
+    assert type(model.model.model_config).__name__ == BY_NAME[family.name].detected
+    assert len(family.latent_shape) == model.model.latent_format.latent_dimensions + 2
+    assert family.latent_shape[1] == model.model.latent_format.latent_channels
     eager = sample(model, family)
+    assert eager.shape == family.latent_shape and torch.isfinite(eager).all() and eager.std() > 1e-3
+    assert torch.equal(sample(model, family, steps=1), sample(model, family, steps=1)), "eager is not deterministic"
 
     # Every default: choose=auto, cold kinds compiled by a child process while the blocks run eagerly.
     auto = engine.compile_model(model, engine.CompileOptions())
@@ -71,13 +80,16 @@ def test_compile_model_on_every_family(engine, comfy_nodes, family):
     # Prompt length (77, 154, 231 tokens) and latent size: at most one more compile per kind and call variant
     # each, then none. (A variant is a way the model calls a kind apart from sizes: Wan's first block gets its
     # input transposed, the others do not; HunyuanVideo's token refiner is called with and without a mask.)
-    if family.name not in SWEEP_FAMILIES and not os.environ.get("ACCEL_ALL_SWEEPS"):
+    sweeps = ("tokens", "latent_shape") if os.environ.get("ACCEL_ALL_SWEEPS") else SWEEPS.get(family.name, ())
+    if not sweeps:
         return
     graphs = sum(k["call_variants"] for k in always_kinds)
     tokens = [family.tokens, 2 * family.tokens, 3 * family.tokens]
     shape = family.latent_shape
     sizes = [shape, (*shape[:-2], shape[-2] + 8, shape[-1] + 8), (*shape[:-2], shape[-2] + 8, shape[-1] + 16)]
     for name, values in (("tokens", tokens), ("latent_shape", sizes)):
+        if name not in sweeps:
+            continue
         first = sweep(always, family, **{name: values})
         allowed = graphs + EXTRA_SWEEP_COMPILES.get((family.name, name), 0)
         assert first <= allowed, f"{family.name}: the {name} sweep compiled {first} times for {graphs} call variants"
@@ -87,13 +99,14 @@ def test_compile_model_on_every_family(engine, comfy_nodes, family):
                           f"{family.name}: after the sweeps")
 
 
-# The other options on two small DiT families (each option makes kinds of its own, so each compiles anew).
-OPTION_FAMILIES = ("sd3", "wan21")
-OTHER_OPTIONS = ({"dynamic": "static"}, {"dynamic": "dynamic"}, {"scope": "whole model"})
+# The other options on two small DiT families, each option once and whole-model scope on both (each option makes
+# kinds of its own, so each compiles anew; SD3's dynamic graphs alone took 80 s here).
+OPTION_CASES = (("sd3", {"dynamic": "static"}), ("wan21", {"dynamic": "dynamic"}),
+                ("sd3", {"scope": "whole model"}), ("wan21", {"scope": "whole model"}))
 
 
-@pytest.mark.parametrize("options", OTHER_OPTIONS, ids=lambda o: "-".join(o.values()).replace(" ", "_"))
-@pytest.mark.parametrize("name", OPTION_FAMILIES)
+@pytest.mark.parametrize("name, options", OPTION_CASES,
+                         ids=[f"{n}-{'-'.join(o.values()).replace(' ', '_')}" for n, o in OPTION_CASES])
 def test_compile_model_options_on_dit_families(engine, comfy_nodes, name, options):
     family = next(f for f in FAMILIES if f.name == name)
     model = load(comfy_nodes, family)

@@ -320,17 +320,24 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(tmp_path):
     nothing in the sampling process and equals eager exactly, while a child process compiles the kinds worth it;
     a model with other options sampled meanwhile queues its kinds for a second child. Once the children are done,
     the next samplings load every one of their graphs from the persistent cache (torch's own hit counters, no
-    miss: the children compiled what this process asks for), and later samplings compile nothing. Outputs stay
-    within the compiled tolerance of eager."""
+    miss: the children compiled what this process asks for), and later samplings compile nothing. A new input
+    shape (longer prompt, wider latent) goes the same way: eager while a child compiles it, then loaded, then
+    free. Outputs stay within the compiled tolerance of eager."""
     env = {**os.environ, "ACCEL_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, str(BACKGROUND_PROBE)], capture_output=True, text=True, env=env,
                           timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    while_compiling, queued, after_child, warm, other_after = result["samplings"]
+    while_compiling, queued, after_child, warm, other_after = result["samplings"][:5]
+    # Blocks waiting for a child run eagerly. LTXV's eager CPU kernels differed from their own earlier run in
+    # the last bits once here (9.5e-6 of 6.4, in one run of several), so the check is to 1e-5 of the output's
+    # range, far under what a changed input does (the Flux bug of issue #12 was 0.14).
+    def ran_eagerly(sampling) -> bool:
+        return sampling["max_abs_diff"] <= 1e-5 * sampling["eager_max_abs"]
+
     for sampling in (while_compiling, queued):
         assert sampling["frames"] == 0, f"{sampling['label']}: compiled in the sampling process"
-        assert sampling["max_abs_diff"] == 0.0, f"{sampling['label']}: blocks waiting did not run eagerly"
+        assert ran_eagerly(sampling), f"{sampling['label']}: blocks waiting did not run eagerly: {sampling}"
     assert result["waited"], "the background compile did not finish"
     jobs = result["stats"]["background"]["finished"]
     assert len(jobs) == 2 and all(j["returncode"] == 0 and not j["failed"] for j in jobs), jobs
@@ -346,6 +353,20 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(tmp_path):
         assert sampling["fx_graph_hits"] == sampling["frames"] and sampling["fx_graph_misses"] == 0, sampling
     assert warm["frames"] == 0, "a sampling after the graphs were loaded compiled again"
     for sampling in (after_child, warm, other_after):
+        assert sampling["max_abs_diff"] <= 2e-5 * sampling["eager_max_abs"], sampling
+
+    # A new shape of the compiled kind (a longer prompt, a wider latent) compiles off the prompt's path too:
+    # eagerly (equal to eager) while a third child compiles it, then loaded from the cache, then nothing.
+    new_while, new_after, new_warm = result["samplings"][5:]
+    assert new_while["frames"] == 0, "a new shape compiled in the sampling process"
+    assert ran_eagerly(new_while), f"a new shape's blocks did not run eagerly while compiling: {new_while}"
+    assert result["new_shape_waited"], "the new shape's background compile did not finish"
+    new_jobs = result["new_shape_stats"]["background"]["finished"][2:]
+    assert len(new_jobs) == 1 and new_jobs[0]["returncode"] == 0 and not new_jobs[0]["failed"], new_jobs
+    assert new_after["frames"] >= 1, new_after
+    assert new_after["fx_graph_hits"] == new_after["frames"] and new_after["fx_graph_misses"] == 0, new_after
+    assert new_warm["frames"] == 0, "the new shape compiled again after its graph was loaded"
+    for sampling in (new_after, new_warm):
         assert sampling["max_abs_diff"] <= 2e-5 * sampling["eager_max_abs"], sampling
 
 

@@ -190,12 +190,13 @@ def write_model(path: Path, spec: ModelFile) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Write the generated test and benchmark models.")
     parser.add_argument("--set", default="test", choices=["test", "full", "all"])
+    parser.add_argument("--only", help="write only the files whose names contain this text")
     args = parser.parse_args()
     import_comfyui()
     import folder_paths
 
     for spec in MODEL_FILES:
-        if args.set != "all" and args.set not in spec.sets:
+        if args.set != "all" and args.set not in spec.sets or args.only and args.only not in spec.name:
             continue
         folder = Path(folder_paths.models_dir) / spec.folder
         folder.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@ sampler's real calls, never on extra ones (so measuring never changes a result):
    kind_choice.MIN_CALL_SHARE is never compiled. Shares are saved for later processes (saved_shares.py).
 2. DISPATCH while kinds are undecided: each undecided kind's real block calls alternate between its compiled and
    eager path, timed, and the kind keeps the faster (kind_choice.py). Cold kinds meanwhile may compile in a
-   child process (background/), their blocks running eagerly until it is done.
+   child process (background/), their blocks running eagerly until it is done; so may a compiled kind's new
+   input shape (a longer prompt, another size), its calls of that shape running eagerly meanwhile.
 3. CHECK_COMPILED / CHECK_EAGER: once every kind has its path, the model's next calls alternate between those
    paths and plain eager. Kinds can win alone and still make the whole call slower (measured on a CPU,
    docs/benchmarks/compile_model.md), so when one kind of call (same input shape, same number of block calls,
@@ -62,6 +63,7 @@ class CallPlan:
     kind_seconds: dict = field(default_factory=dict)  # PROFILE: seconds per kind key
     blocks: int = 0
     served_before: tuple | None = None  # the kinds' counts of compiled and eager block calls before the call
+    new_shapes_in_background: bool = False  # a compiled kind's new input shape may go to a child in this call
 
     @property
     def timed(self) -> bool:
@@ -139,21 +141,23 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
     if background:
         BACKGROUND.poll()  # a finished child hands its kinds back here
         # once every kind is decided and none waits, blocks dispatch as without a background compiler
-        background = any(e.background.undecided or e.background.waiting for e in entries)
+        background = any(e.background.undecided or e.background.waiting or e.background.compiling_new_shape
+                         for e in entries)
     if not auto.profiled and any(e.choice.share is None and not e.choice.decided and not e.failure
                                  for e in entries):
         return CallPlan(CallMode.PROFILE, False, background, device_type)
     auto.profiled = True  # every kind's share is known (saved by an earlier process): nothing to profile
     if auto.verdict is None and all(e.choice.decided or e.failure for e in entries) and not any(
-            e.background.waiting for e in entries):
+            e.background.waiting or e.background.compiling_new_shape for e in entries):
         if not any(e.path == "compiled" for e in entries):
             auto.settle("eager", "no block kind was worth compiling or faster compiled: running this model "
                                  "eagerly")
             return None
         mode = CallMode.CHECK_COMPILED if auto.next_check_path() == "compiled" else CallMode.CHECK_EAGER
         return CallPlan(mode, False, background, device_type, _compiles_here(entries, background),
-                        settled_before=_settled_state(entries))
-    return CallPlan(CallMode.DISPATCH, False, background, device_type, _compiles_here(entries, background))
+                        settled_before=_settled_state(entries), new_shapes_in_background=background_allowed)
+    return CallPlan(CallMode.DISPATCH, False, background, device_type, _compiles_here(entries, background),
+                    new_shapes_in_background=background_allowed)
 
 
 def start_call(record, plan: CallPlan) -> None:
@@ -182,7 +186,7 @@ def finish_call(record, plan: CallPlan, seconds: float, call_key: tuple) -> None
 
 def _launch_background(captures: list, device_type: str) -> None:
     # after a profile call, kinds too small to matter are eager for good: nothing to compile for them
-    wanted = [c for c in captures if not c.entry.choice.decided and c.entry.failure is None]
+    wanted = [c for c in captures if c.new_shape or (not c.entry.choice.decided and c.entry.failure is None)]
     for capture in captures:
         if capture not in wanted:
             capture.entry.background.not_needed(capture.entry.reason)
@@ -201,8 +205,8 @@ def _compiles_here(entries: list[KindEntry], background: bool) -> int:
                 and (not background or e.background.state in SETTLED_STATES)})
 
 
-def _settled_state(entries: list[KindEntry]) -> tuple[int, int, int]:
-    """Compiles so far, kinds with a path chosen and kinds sent to a background compile, over a model's entries:
-    unchanged by a call that only ran."""
+def _settled_state(entries: list[KindEntry]) -> tuple[int, int, int, int]:
+    """Compiles so far, kinds with a path chosen, kinds sent to a background compile and new shapes sent there,
+    over a model's entries: unchanged by a call that only ran."""
     return (sum(e.compiles for e in entries), sum(e.choice.decided or e.failure is not None for e in entries),
-            sum(not e.background.undecided for e in entries))
+            sum(not e.background.undecided for e in entries), sum(len(e.shapes_sent) for e in entries))

@@ -19,6 +19,7 @@ from .kinds import KindEntry, input_signature, wait_for_device
 PATCHED = "another node patched the attention or the UNet"
 IN_BACKGROUND = "compiling in the background"
 TIMING_EAGER_SIDE = "timing: the eager side of the per-kind choice"
+NEW_SHAPE_IN_BACKGROUND = "a new input shape compiling in the background"
 
 
 def run_on_chosen_path(entry: KindEntry, block, args: tuple, kwargs: dict, device_type: str, run_compiled):
@@ -75,6 +76,8 @@ class BlockDispatcher:
             return entry.run_eager(block, args, kwargs, PATCHED)
         if plan.always_compiled:
             return self._compiled(make_call, args, kwargs)
+        if plan.new_shapes_in_background and self._new_shape_in_background(make_call):
+            return entry.run_eager(block, args, kwargs, NEW_SHAPE_IN_BACKGROUND)
         return run_on_chosen_path(entry, block, args, kwargs, plan.device_type,
                                   lambda: self._compiled(make_call, args, kwargs))
 
@@ -106,6 +109,33 @@ class BlockDispatcher:
             return bound.args, bound.kwargs
 
         return make_call
+
+    def _new_shape_in_background(self, make_call) -> bool:
+        """True when this call of a compiled kind runs eagerly because its inputs' shape would compile a new
+        graph (a longer prompt, another size): the call is captured and a child compiles that graph, as it does
+        a kind's first one. Shapes already compiled keep running compiled meanwhile."""
+        entry, plan = self.entry, self.plan
+        background = entry.background
+        if entry.choice.path != "compiled" or entry.failure or not (
+                background.compiling_new_shape or background.may_compile_new_shape):
+            return False
+        call_args, call_kwargs = make_call()
+        signature = input_signature(call_args, call_kwargs)
+        capture = plan.captures.get(entry.key)
+        if background.compiling_new_shape:
+            if capture is not None and capture.new_shape:  # another new shape in this call: the same child
+                capture.add_call(signature, call_args, call_kwargs)
+                entry.shapes_sent.add(signature)
+            return signature not in entry.seen_inputs
+        if entry.first_call is None or not entry.would_compile(call_args, call_kwargs):
+            return False
+        capture = plan.captures[entry.key] = Capture(entry, self.site.module, self.site.attribute,
+                                                     torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+                                                     calls=[entry.first_call], new_shape=True)
+        capture.add_call(signature, call_args, call_kwargs)
+        entry.shapes_sent.add(signature)
+        background.new_shape()
+        return True
 
     def _send_to_background(self, args: tuple, kwargs: dict) -> bool:
         """True when this block runs eagerly because its kind compiles in the background. The first block of a

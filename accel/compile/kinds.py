@@ -22,6 +22,7 @@ import torch
 from ..cache import COMPILE_CACHE
 from ..cache.store import key_id
 from .background import KindBackground
+from .background.skeleton import CaptureError, dump_skeleton
 from .blocks import BlockKind
 from .cpu_isa import vec_isa_options
 from .kind_choice import KindChoice
@@ -140,6 +141,14 @@ def _varying_dims(shapes: tuple, first: tuple) -> set[tuple[int, int]]:
     return dims
 
 
+def _layouts_of(args: tuple, kwargs: dict) -> bytes | None:
+    """The call's input layouts as a child replays them (background/skeleton.py); None when they cannot be sent."""
+    try:
+        return dump_skeleton((args, kwargs))
+    except CaptureError:
+        return None
+
+
 class KindEntry:
     """One block kind: its lazily compiled entry point and its statistics."""
 
@@ -168,6 +177,11 @@ class KindEntry:
         # The ways the model calls this kind apart from shapes (which inputs are tensors or None, their memory
         # layouts): each needs graphs of its own, so a shape change costs one compile per variant.
         self.call_variants: set[tuple] = set()
+        # choose="auto" with a background compile: the first compiled call's input layouts (a child compiling a
+        # new shape replays it first, so it makes the same static-then-dynamic graphs this process would), and
+        # the input signatures a child compiled, which this process then loads from the cache at their next call.
+        self.first_call: bytes | None = None
+        self.shapes_sent: set[tuple] = set()
         self.choice = KindChoice(kind.label, key_id(key[:4]), device_type)  # choose="auto" (kind_choice.py)
         self.background = KindBackground(kind.label)  # choose="auto" with a background compile (background/)
 
@@ -203,6 +217,21 @@ class KindEntry:
             self.background.not_needed("found in the persistent compile cache")
             return False
         return True
+
+    def would_compile(self, args: tuple, kwargs: dict) -> bool:
+        """A compiled call with these inputs would make a new graph here: its input signature was never run
+        compiled nor sent to a child, and it is a new call variant, or (dynamic="auto") it changes a dimension
+        not yet dynamic, or (dynamic="static") any shape. A prediction from this kind's own marks: should Dynamo
+        still recompile on another guard, that call compiles here as before."""
+        if self.first_shapes is None or self.options.dynamic == "dynamic":
+            return False
+        signature = input_signature(args, kwargs)
+        if signature in self.seen_inputs or signature in self.shapes_sent:
+            return False
+        if _call_variant(args, kwargs) not in self.call_variants or self.options.dynamic == "static":
+            return True
+        shapes = tuple(tuple(t.shape) for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+        return shapes != self.first_shapes and bool(_varying_dims(shapes, self.first_shapes) - self.dynamic_dims)
 
     # -- calls -----------------------------------------------------------------------------------
     def run_eager(self, block, args: tuple, kwargs: dict, reason: str):
@@ -248,6 +277,8 @@ class KindEntry:
         signature = input_signature(call_args, call_kwargs)
         if signature in self.seen_inputs:
             return compiled(block, *call_args, **call_kwargs), True
+        if self.first_call is None:
+            self.first_call = _layouts_of(call_args, call_kwargs)
         self.call_variants.add(_call_variant(call_args, call_kwargs))
         disk = disk_cache_counters()
         with COMPILE_CACHE.environment(self.device_type).compiling(self.cache_id, self.name):

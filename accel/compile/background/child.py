@@ -49,6 +49,8 @@ def run_job(directory: Path) -> int:
         block = load_skeleton(item["block"])
         entry = REGISTRY.entry(BlockKind(*item["kind"]), getattr(type(block), item["attribute"]),
                                CompileOptions(**item["options"]), torch.device(item["device"]))
+        # a new shape of a kind the parent runs: the dimensions it already made dynamic stay so here
+        entry.dynamic_dims.update(tuple(d) for d in item.get("dynamic_dims", ()))
         start = time.perf_counter()
         with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]):
             for call in item["calls"]:

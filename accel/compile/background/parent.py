@@ -7,6 +7,10 @@ compile cache, the same way a compiled call here would. Meanwhile those blocks r
 done, this process's next call compiles each kind again, which now reads torch's on-disk caches (a fraction of a
 cold compile, docs/benchmarks/cold_start.md).
 
+A kind already compiled that meets inputs of a new shape (a longer prompt, another size) would compile again in
+the sampler's path: that call is captured too, after the kind's first call's layouts, so the child makes the same
+static-then-dynamic graphs this process would, and calls of the new shape run eagerly until it is done.
+
 What cannot be captured (an attribute that does not pickle, a tensor subclass), or a child that fails, sends the
 kind back to compiling here at its next call, and the log says why. Each kind's state moves only through its
 `KindBackground` (state.py).
@@ -54,6 +58,7 @@ class Capture:
     signatures: set = field(default_factory=set)
     device: str = ""
     error: str | None = None
+    new_shape: bool = False  # a compiled kind's new input shape (its first call's layouts come first)
 
     def add_call(self, signature: tuple, args: tuple, kwargs: dict) -> None:
         if signature in self.signatures or self.error:
@@ -101,6 +106,7 @@ class BackgroundCompiler:
                 items.append({"kind": [entry.kind.class_name, entry.kind.signature, entry.kind.label],
                               "attribute": capture.attribute, "options": _options_dict(entry.options),
                               "device": capture.device, "grad": capture.grad, "inference": capture.inference,
+                              "dynamic_dims": sorted(entry.dynamic_dims),
                               "block": dump_skeleton(capture.block), "calls": capture.calls})
                 entries.append(entry)
             except Exception as err:  # CaptureError, or a block with no tensor to say its device

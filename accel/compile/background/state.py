@@ -6,10 +6,16 @@ Every move a kind makes goes through `KindBackground`, so the states and who may
         |                           |                     |
         +--not_needed()--> NOT_NEEDED <--not_needed()-----+--failed()--> FAILED   (also from CAPTURED)
 
+    NOT_NEEDED or DONE --new_shape()--> NEW_SHAPE_CAPTURED --sent()--> NEW_SHAPE_PENDING --done()--> DONE
+                                                                    (failed() from either: FAILED)
+
 UNDECIDED: not looked at yet. NOT_NEEDED: compiled here (warm, or found in the persistent cache, or too small to
 compile at all). CAPTURED: one of its blocks was captured in this call, sent to a child when the call ends.
 PENDING: a child compiles it. DONE: the child's graphs are in the persistent cache, the next call loads them.
 FAILED: it could not be sent or the child failed; it compiles here at its next call.
+NEW_SHAPE_*: the kind runs compiled, and a call with inputs of a new shape (a longer prompt, another size) would
+compile again: a child compiles that graph while calls of the new shape run eagerly, those of shapes already
+compiled still run compiled.
 """
 from __future__ import annotations
 
@@ -26,12 +32,16 @@ class BackgroundState(enum.Enum):
     PENDING = "pending"
     DONE = "done"
     FAILED = "failed"
+    NEW_SHAPE_CAPTURED = "new shape queued"
+    NEW_SHAPE_PENDING = "new shape compiling"
 
 
 # States in which the kind's blocks run eagerly because a child has (or will have) its compile.
 WAITING_STATES = (BackgroundState.CAPTURED, BackgroundState.PENDING)
 # States after which this process compiles (or loads) the kind itself.
 SETTLED_STATES = (BackgroundState.NOT_NEEDED, BackgroundState.DONE, BackgroundState.FAILED)
+# States in which calls of a new input shape run eagerly while a child compiles that shape's graph.
+NEW_SHAPE_STATES = (BackgroundState.NEW_SHAPE_CAPTURED, BackgroundState.NEW_SHAPE_PENDING)
 
 
 class KindBackground:
@@ -51,20 +61,36 @@ class KindBackground:
     def undecided(self) -> bool:
         return self.state is BackgroundState.UNDECIDED
 
+    @property
+    def compiling_new_shape(self) -> bool:
+        return self.state in NEW_SHAPE_STATES
+
+    @property
+    def may_compile_new_shape(self) -> bool:
+        """A new input shape of this kind can go to a child: the kind's first graph is made and no child is on
+        it (a kind that failed in a child compiles here)."""
+        return self.state in (BackgroundState.NOT_NEEDED, BackgroundState.DONE)
+
     def capture(self) -> None:
         assert self.state is BackgroundState.UNDECIDED, self.state
         self.state = BackgroundState.CAPTURED
+
+    def new_shape(self) -> None:
+        assert self.may_compile_new_shape, self.state
+        self.state = BackgroundState.NEW_SHAPE_CAPTURED
 
     def not_needed(self, why: str = "") -> None:
         self.state, self.reason = BackgroundState.NOT_NEEDED, why
 
     def sent(self) -> None:
-        assert self.state is BackgroundState.CAPTURED, self.state
-        self.state = BackgroundState.PENDING
+        assert self.state in (BackgroundState.CAPTURED, BackgroundState.NEW_SHAPE_CAPTURED), self.state
+        self.state = (BackgroundState.PENDING if self.state is BackgroundState.CAPTURED
+                      else BackgroundState.NEW_SHAPE_PENDING)
 
     def done(self, seconds: float) -> None:
+        new_shape = self.state is BackgroundState.NEW_SHAPE_PENDING
         self.state, self.seconds = BackgroundState.DONE, seconds
-        self.reason = f"compiled in a child process in {seconds:.1f} s"
+        self.reason = f"{'a new input shape ' if new_shape else ''}compiled in a child process in {seconds:.1f} s"
 
     def failed(self, why: str) -> None:
         self.state, self.reason = BackgroundState.FAILED, f"background compile failed: {why}; compiled here"

@@ -1,0 +1,157 @@
+"""Compile Model on every generated model family, on whatever device this machine has (a CUDA GPU if torch sees
+one, else the CPU): is every family's output equal to eager's, does anything recompile, what does it cost.
+
+For each family of tests/families.py (tiny depths, ComfyUI's own classes, detected by its UNETLoader), in one
+process with empty compile caches of its own (TORCHINDUCTOR_CACHE_DIR and ACCEL_CACHE_DIR in a temporary folder):
+eager; Compile Model's defaults (choose=auto: first sampling, the background child, the sampling that loads its
+graphs, steady); choose=always compiled. Reports per family the seconds of each first sampling, steady seconds per
+step, compiles on the repeat, each output's largest error relative to eager's largest value, and the path auto
+mode chose for each kind. The models are tiny: the timings say what compiling costs, not what it buys on a real
+model (bench/compile_flux.py measures that at full width).
+
+    python bench/compile_families.py [--families flux,wan21] [--steps 4] [--scale 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+sys.path.append(str(ROOT / "tests"))
+sys.path.append(str(Path(__file__).resolve().parent))
+
+
+def scaled(shape: tuple[int, ...], scale: int) -> tuple[int, ...]:
+    """The family's latent with height and width times `scale` (more tokens: a GPU is idle at the test size)."""
+    return (*shape[:-2], shape[-2] * scale, shape[-1] * scale)
+
+
+def timed_sampling(model, family, steps: int, shape) -> tuple[object, float, list[float]]:
+    import comfy.sample
+    import torch
+
+    latent = torch.zeros(shape)
+    noise = comfy.sample.prepare_noise(latent, 0)
+    positive, negative = family.conds(0)
+    stamps = [time.perf_counter()]
+    out = comfy.sample.sample(model, noise, steps, family.cfg, "euler", "normal", positive, negative, latent,
+                              disable_pbar=True, seed=0, callback=lambda *a: stamps.append(synced_clock()))
+    return out, synced_clock() - stamps[0], [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def synced_clock() -> float:
+    """perf_counter once the GPU (if any) has finished what was queued: a step's time is its work's."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def rel_error(out, reference) -> float:
+    return ((out.float() - reference.float()).abs().max() / reference.float().abs().max().clamp_min(1e-12)).item()
+
+
+def run_family(engine, nodes, family, steps: int, shape) -> dict:
+    from torch._dynamo.utils import counters
+
+    (model,) = nodes.UNETLoader().load_unet(family.file_name, "default")
+    result = {"family": family.name, "latent": list(shape), "dtype": str(model.model.get_dtype())}
+    eager_first, result["eager_first_s"], _ = timed_sampling(model, family, steps, shape)
+    eager, _, times = timed_sampling(model, family, steps, shape)
+    result["eager_s_per_step"] = statistics.median(times[1:] or times)
+    result["eager_repeat_error"] = rel_error(eager, eager_first)  # the device's own run-to-run noise
+
+    auto = engine.compile_model(model, engine.CompileOptions())
+    frames = counters["frames"]["ok"]
+    out, result["auto_first_s"], _ = timed_sampling(auto, family, steps, shape)
+    result["auto_first_compiles"] = counters["frames"]["ok"] - frames
+    result["auto_first_error"] = rel_error(out, eager)
+    start = time.perf_counter()
+    engine.background.BACKGROUND.wait(timeout=1200)
+    result["background_wait_s"] = time.perf_counter() - start
+    out, result["auto_loading_s"], _ = timed_sampling(auto, family, steps, shape)
+    result["auto_loading_error"] = rel_error(out, eager)
+    out, _, times = timed_sampling(auto, family, steps, shape)
+    out, _, more = timed_sampling(auto, family, steps, shape)
+    result["auto_s_per_step"] = statistics.median(times[1:] + more[1:] or times)
+    result["auto_error"] = rel_error(out, eager)
+
+    always = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
+    frames = counters["frames"]["ok"]
+    out, result["always_first_s"], _ = timed_sampling(always, family, steps, shape)
+    result["always_first_compiles"] = counters["frames"]["ok"] - frames
+    result["always_first_error"] = rel_error(out, eager)
+    frames = counters["frames"]["ok"]
+    out, _, times = timed_sampling(always, family, steps, shape)
+    timed_sampling(auto, family, steps, shape)
+    result["repeat_compiles"] = counters["frames"]["ok"] - frames
+    result["always_s_per_step"] = statistics.median(times[1:] or times)
+    result["always_error"] = rel_error(out, eager)
+
+    records = engine.model_record._states[model.model.diffusion_model].records
+    kinds = {e.key: e.stats() for (_, options, _), record in records.items() if options.choose == "auto"
+             for e in record.entries}
+    result["auto_kinds"] = [{k: kind.get(k) for k in ("kind", "path", "reason", "call_share")} |
+                            {"background": kind["background"]["state"]} for kind in kinds.values()]
+    result["whole_call_checks"] = [{k: c.get(k) for k in ("verdict", "reason", "calls_timed")}
+                                   for c in engine.REGISTRY.stats()["whole_call_checks"].values()]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", help="comma-separated names (default: every family)")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--scale", type=int, default=1, help="latent height and width times this")
+    args = parser.parse_args()
+
+    cache = tempfile.mkdtemp(prefix="accel-bench-families-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache) / "torch")
+    os.environ["ACCEL_CACHE_DIR"] = str(Path(cache) / "accel")
+    import torch
+
+    from families import FAMILIES
+    from fresh_process import write_report
+    from tools.comfy_env import import_comfyui, load_pack
+
+    import_comfyui(cpu=not torch.cuda.is_available())
+    import nodes
+
+    engine = load_pack().accel.compile
+    wanted = args.families.split(",") if args.families else [f.name for f in FAMILIES]
+    results = []
+    for family in FAMILIES:
+        if family.name not in wanted:
+            continue
+        try:
+            results.append(run_family(engine, nodes, family, args.steps, scaled(family.latent_shape, args.scale)))
+        except Exception as error:  # one family's failure is a result too; the others still run
+            results.append({"family": family.name, "failed": f"{type(error).__name__}: {error}"[:2000]})
+        print(json.dumps(results[-1]), flush=True)
+    write_report("compile_families", {"steps": args.steps, "scale": args.scale, "results": results})
+    print_table(results)
+
+
+def print_table(results: list[dict]) -> None:
+    columns = ("family", "eager_first_s", "auto_first_s", "background_wait_s", "always_first_s",
+               "eager_s_per_step", "auto_s_per_step", "always_s_per_step", "repeat_compiles",
+               "auto_first_error", "auto_error", "always_error", "eager_repeat_error")
+    print(" | ".join(columns))
+    for r in results:
+        if "failed" in r:
+            print(f"{r['family']} | FAILED: {r['failed'][:300]}")
+            continue
+        print(" | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in columns))
+        print("    auto paths: " + ", ".join(f"{k['kind']}={k['path']}" for k in r["auto_kinds"]))
+
+
+if __name__ == "__main__":
+    main()
