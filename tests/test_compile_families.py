@@ -6,8 +6,8 @@ conditioning tensors of the family's widths (tests/families.py).
 With every default (choose=auto, background compile) and with choose=always compiled, the output equals eager
 within the compiled tolerance, the background child's graphs are loaded, the repeat compiles nothing, and a
 prompt-length sweep and a size sweep each cost at most one compile per kind and call variant, then none (in CI:
-prompt length on Flux, size on Wan 2.1). Other options (static and dynamic shapes, whole-model scope) on two small DiTs. Compiles are
-counted with Dynamo's own counter, as a change over what each step does.
+prompt length on Flux, size on Wan 2.1). Other options (static and dynamic shapes, whole-model scope) on two
+small DiTs. Compiles are counted with Dynamo's own counter, as a change over what each step does.
 """
 from __future__ import annotations
 

@@ -317,7 +317,7 @@ BACKGROUND_PROBE = Path(__file__).with_name("background_probe.py")
 
 def test_auto_mode_compiles_cold_kinds_in_the_background(tmp_path):
     """choose="auto" in a new install (an empty compile cache, in a fresh process): the first sampling compiles
-    nothing in the sampling process and equals eager exactly, while a child process compiles the kinds worth it;
+    nothing in the sampling process and equals eager (to its last bits), while a child process compiles the kinds;
     a model with other options sampled meanwhile queues its kinds for a second child. Once the children are done,
     the next samplings load every one of their graphs from the persistent cache (torch's own hit counters, no
     miss: the children compiled what this process asks for), and later samplings compile nothing. A new input

@@ -28,6 +28,8 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
+import torch
+
 from ..cache import COMPILE_CACHE
 from .background import BACKGROUND, SETTLED_STATES
 from .kinds import KindEntry
@@ -129,8 +131,17 @@ class AutoMode:
                 "calls_timed": self.calls, "seconds": {str(list(key)): times for key, times in self.samples.items()}}
 
 
-def plan_call(record, always_compiled: bool, background_allowed: bool, device_type: str) -> CallPlan | None:
-    """How this call of `record`'s model runs; None when it runs as ComfyUI's own, without any dispatch."""
+def inputs_key(args: tuple, kwargs: dict) -> tuple:
+    """The shapes of a model call's tensor inputs (latent, prompt states, ...): a longer prompt or another size
+    is another key. A few microseconds a call."""
+    return (tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)),
+            tuple((k, tuple(v.shape)) for k, v in kwargs.items() if isinstance(v, torch.Tensor)))
+
+
+def plan_call(record, always_compiled: bool, background_allowed: bool, device_type: str,
+              inputs: tuple = ()) -> CallPlan | None:
+    """How this call of `record`'s model runs; None when it runs as ComfyUI's own, without any dispatch.
+    `inputs` is the call's inputs_key."""
     entries, auto = record.entries, record.auto
     if always_compiled or auto is None:
         pending = len({e.key for e in entries if e.compiles == 0 and not e.failure})
@@ -147,27 +158,32 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
                                  for e in entries):
         return CallPlan(CallMode.PROFILE, False, background, device_type)
     auto.profiled = True  # every kind's share is known (saved by an earlier process): nothing to profile
-    if auto.verdict is None and all(e.choice.decided or e.failure for e in entries) and not any(
-            e.background.waiting or e.background.compiling_new_shape for e in entries):
-        if not any(e.path == "compiled" for e in entries):
-            auto.settle("eager", "no block kind was worth compiling or faster compiled: running this model "
-                                 "eagerly")
-            return None
+    checking = auto.verdict is None and all(e.choice.decided or e.failure for e in entries) and not any(
+        e.background.waiting or e.background.compiling_new_shape for e in entries)
+    if checking and not any(e.path == "compiled" for e in entries):
+        auto.settle("eager", "no block kind was worth compiling or faster compiled: running this model eagerly")
+        return None
+    # Blocks look for inputs of a new shape to send to a child unless the call's inputs were seen in a settled
+    # call (the look costs each block call tens of microseconds).
+    new_shapes = background_allowed and (background or inputs not in record.inputs_seen)
+    if checking:
         mode = CallMode.CHECK_COMPILED if auto.next_check_path() == "compiled" else CallMode.CHECK_EAGER
         return CallPlan(mode, False, background, device_type, _compiles_here(entries, background),
-                        settled_before=_settled_state(entries), new_shapes_in_background=background_allowed)
+                        settled_before=_settled_state(entries), new_shapes_in_background=new_shapes)
     return CallPlan(CallMode.DISPATCH, False, background, device_type, _compiles_here(entries, background),
-                    new_shapes_in_background=background_allowed)
+                    new_shapes_in_background=new_shapes)
 
 
 def start_call(record, plan: CallPlan) -> None:
     plan.served_before = _served(record.entries)
 
 
-def finish_call(record, plan: CallPlan, seconds: float, call_key: tuple) -> None:
+def finish_call(record, plan: CallPlan, seconds: float, call_key: tuple, inputs: tuple = ()) -> None:
     """What the call measured goes where it belongs: which blocks ran how (the model's stats), kinds' shares,
     captures to the background compiler, whole-call samples to the check."""
     entries, auto = record.entries, record.auto
+    if plan.new_shapes_in_background and not plan.background and not plan.captures:
+        record.inputs_seen.add(inputs)  # every kind settled and none met a new shape: later repeats need no look
     (compiled_before, eager_before), (compiled_after, eager_after) = plan.served_before, _served(entries)
     record.last_call = {"mode": plan.mode.value, "blocks": plan.blocks, "compiled": compiled_after - compiled_before,
                         "eager": dict(eager_after - eager_before)}

@@ -31,6 +31,9 @@ class ModelRecord:
     entries: list[KindEntry]  # one per site (blocks of one kind share an entry)
     auto: AutoMode | None  # choose="auto" only
     last_call: dict = field(default_factory=dict)  # how its latest call's blocks ran (compiled, eager and why)
+    # The shapes of the model call's tensor inputs (auto_mode.inputs_key) of calls in which every kind was
+    # settled: a repeat of those needs no look for a new shape to send to the background compiler.
+    inputs_seen: set = field(default_factory=set)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from .auto_mode import finish_call, plan_call, start_call
+from .auto_mode import finish_call, inputs_key, plan_call, start_call
 from .blocks import cannot_compile_reason
 from .dispatch import BlockDispatcher
 from .kinds import wait_for_device
@@ -54,7 +54,8 @@ class CompiledApplyModel:
         options = effective_options(self.options, policy, x.device)
         record = model_record(base_model, options, x.device, self.options.whole_model)
         background = options.compiles_in_background and policy.allows("background_compile")
-        plan = plan_call(record, options.choose == "always compiled", background, x.device.type)
+        inputs = inputs_key(args, kwargs)
+        plan = plan_call(record, options.choose == "always compiled", background, x.device.type, inputs)
         if plan is None:
             return executor(*args, **kwargs)
         allow_sdpa = policy.allows("sdpa_in_compiled_blocks")
@@ -80,7 +81,7 @@ class CompiledApplyModel:
         finally:
             for site in installed:
                 site.module.__dict__.pop(site.attribute, None)
-        finish_call(record, plan, seconds, (tuple(x.shape), str(x.dtype)))
+        finish_call(record, plan, seconds, (tuple(x.shape), str(x.dtype)), inputs)
         return out
 
 
