@@ -27,6 +27,8 @@ sys.path.append(str(ROOT))
 sys.path.append(str(ROOT / "tests"))
 sys.path.append(str(Path(__file__).resolve().parent))
 
+from timing import synced_clock  # noqa: E402
+
 
 def scaled(shape: tuple[int, ...], scale: int) -> tuple[int, ...]:
     """The family's latent with height and width times `scale` (more tokens: a GPU is idle at the test size)."""
@@ -44,15 +46,6 @@ def timed_sampling(model, family, steps: int, shape) -> tuple[object, float, lis
     out = comfy.sample.sample(model, noise, steps, family.cfg, "euler", "normal", positive, negative, latent,
                               disable_pbar=True, seed=0, callback=lambda *a: stamps.append(synced_clock()))
     return out, synced_clock() - stamps[0], [b - a for a, b in zip(stamps, stamps[1:])]
-
-
-def synced_clock() -> float:
-    """perf_counter once the GPU (if any) has finished what was queued: a step's time is its work's."""
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 
 def rel_error(out, reference) -> float:

@@ -24,19 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from compile_model import accel_summary, wait_for_background, wrap  # noqa: E402
+from compile_model import accel_summary, target_ratios, wait_for_background, wrap  # noqa: E402
 from fresh_process import run_variants, write_report  # noqa: E402
 from memory import peak_mib, reset_peak, rss_mib  # noqa: E402
+from timing import synced_clock  # noqa: E402
 from tools.family_models import FLUX_BENCH  # noqa: E402
-
-
-def synced_clock() -> float:
-    """perf_counter once the GPU (if any) has finished what was queued: a step's time is its work's."""
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 MODEL = FLUX_BENCH.file_name
 TOKENS = (77, 154, 231)
@@ -143,14 +135,7 @@ def main() -> None:
               "latent": args.latent, "steps": args.steps, "cfg": 1.0, "tokens": TOKENS, "sweep_sizes": SIZES,
               "results": results}
     if {"core", "accel", "eager"} <= set(by):
-        accel, core, eager = by["accel"], by["core"], by["eager"]
-        report["ratios"] = {
-            "cold_compile_vs_core": (accel["cold_first_sample_s"] - eager["cold_first_sample_s"]) /
-                                    max(core["cold_first_sample_s"] - eager["cold_first_sample_s"], 1e-9),
-            "steady_speed_vs_faster_of_eager_and_core":
-                min(eager["steady_s_per_step"], core["steady_s_per_step"]) / accel["steady_s_per_step"],
-            "peak_rss_vs_eager": accel["peak_rss_sampling_mib"] / eager["peak_rss_sampling_mib"],
-        }
+        report["ratios"] = target_ratios(by, "peak_rss_sampling_mib")
     write_report("compile_flux", report)
 
 
