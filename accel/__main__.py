@@ -45,8 +45,8 @@ def parser() -> argparse.ArgumentParser:
     pre.add_argument("--dynamic", choices=DYNAMIC, default="auto", help="as on the Compile Model node")
     pre.add_argument("--scope", choices=SCOPES, default="auto", help="as on the Compile Model node")
     pre.add_argument("--cpu", action="store_true", help="compile for the CPU (default when there is no GPU)")
-    job = commands.add_parser("compile-job", help=argparse.SUPPRESS)  # Compile Model's background compiler
-    job.add_argument("directory", type=Path)
+    worker = commands.add_parser("compile-worker", help=argparse.SUPPRESS)  # Compile Model's background compiler
+    worker.add_argument("directory", type=Path)
     cache = commands.add_parser("cache", help="inspect, export, import or clear the compile cache")
     cache.add_argument("action", choices=("info", "export", "import", "clear"))
     cache.add_argument("file", nargs="?", type=Path, help="the file to export to or import from")
@@ -64,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> int:
-    if args.command == "compile-job":  # started by a ComfyUI process (accel/compile/background/)
-        from .compile.background.child import run_job
+    if args.command == "compile-worker":  # started by a ComfyUI process (accel/compile/background/)
+        from .compile.background.child import serve
 
-        return run_job(args.directory)
+        return serve(args.directory)
     from .precompile import PrecompileError, import_comfyui
 
     comfy_dir = (args.comfyui or default_comfyui()).resolve()

@@ -4,7 +4,8 @@ The benchmark Flux (tools/family_models.FLUX_BENCH: hidden 3072, 24 heads, 2 dou
 parameters), sampled by ComfyUI's sampler at cfg 1 (guidance distilled: one model call per step), euler, with
 T5-width (4096) prompt states of 77 tokens and a pooled CLIP vector fed directly. Each variant runs in a fresh
 process with empty caches (bench/fresh_process.py) and reports: the cold first sampling, the sampling after
-Compile Model's background child (if one ran), steady seconds per step, peak RSS, compiles over a prompt-length
+Compile Model's background child (if one ran), steady seconds per step (alone, and in turn with plain eager
+in the same process: the paired ratio the steady target is read from), peak RSS, compiles over a prompt-length
 sweep (77, 154, 231 tokens) and a size sweep (latents 24 and 32 after 16), and each output's largest error
 against eager's.
 
@@ -56,6 +57,23 @@ def sampler(model):
     return sample
 
 
+def paired_steady(sample_variant, sample_eager, latent: int, steps: int, rounds: int = 4) -> dict:
+    """The variant's and plain eager's seconds per step in this process, sampling by sampling in turn (first
+    steps left out). This machine's speed drifts within a process (eager alone went from 1.27 to 1.46 s per
+    step over four samplings of the benchmark Flux, 2026-11-22), so a variant is compared with eager timed in
+    the same minutes. The order alternates (variant first, then eager first): with the variant always first, the
+    eager variant's pair with itself came out 0.96 in two runs, the second sampling of a pair being slower. The
+    eager variant's own pair says how far apart two identical runs come."""
+    variant, eager = [], []
+    for round_ in range(rounds):
+        pair = (sample_variant, sample_eager) if round_ % 2 == 0 else (sample_eager, sample_variant)
+        times = [sample(latent, steps)[1][1:] for sample in pair]
+        variant += times[0] if round_ % 2 == 0 else times[1]
+        eager += times[1] if round_ % 2 == 0 else times[0]
+    return {"s_per_step": statistics.median(variant), "eager_s_per_step": statistics.median(eager),
+            "vs_eager": statistics.median(variant) / statistics.median(eager)}
+
+
 def run_variant(variant: str, steps: int, latent: int, outputs: Path) -> dict:
     """Inside the variant's own process."""
     import torch
@@ -67,8 +85,8 @@ def run_variant(variant: str, steps: int, latent: int, outputs: Path) -> dict:
     import nodes
     from torch._dynamo.utils import counters
 
-    (model,) = nodes.UNETLoader().load_unet(MODEL, "default")
-    model, engine = wrap(variant, model)
+    (base,) = nodes.UNETLoader().load_unet(MODEL, "default")
+    model, engine = wrap(variant, base)
     sample = sampler(model)
     loaded_rss = rss_mib()
     reset_peak()  # the load's own peak is the same for every variant
@@ -86,6 +104,7 @@ def run_variant(variant: str, steps: int, latent: int, outputs: Path) -> dict:
     steady, times = sample(latent, steps)
     steady_again, times_again = sample(latent, steps)
     result["steady_s_per_step"] = statistics.median(times[1:] + times_again[1:])
+    result["paired"] = paired_steady(sample, sampler(base), latent, steps)
     for name, values, kwargs in (("prompt_length", TOKENS, lambda v: {"tokens": v}),
                                  ("size", SIZES, lambda v: {"latent": v})):
         frames = counters["frames"]["ok"]

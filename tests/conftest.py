@@ -5,10 +5,23 @@ ComfyUI or torch.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# Two test processes share this machine's cores (pyproject's `-n 2`): most of the suite is single-threaded
+# (Dynamo, inductor's code generation, the C compiler, imports), so two of them fill the cores, and torch's own
+# threads stay one per process so the two never oversubscribe the cores. Every process a test starts (servers,
+# probes, background children) inherits the setting, so outputs compared across processes were computed with
+# the same thread count (a CPU kernel split over 2 threads may round differently than over 1). torch may be
+# imported already (by a plugin), so its count is set too.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent
 # Appended, not prepended: ComfyUI's top-level `nodes` module must win over this pack's `nodes/` folder.

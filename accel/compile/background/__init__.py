@@ -2,8 +2,9 @@
 
 - state.py: where each kind stands (a closed set of states, moved only through its `KindBackground`);
 - skeleton.py: what is sent, a block's structure and tensor layouts, never the user's weights;
-- parent.py: captures and jobs in ComfyUI's process, one child at a time (`BACKGROUND`);
-- child.py: `python -m accel compile-job DIR`, imported only there (it needs the registry, which needs this).
+- parent.py: captures and jobs in ComfyUI's process, one job at a time, sent to a child that waits for the next
+  until it has been idle a while (`BACKGROUND`);
+- child.py: `python -m accel compile-worker DIR`, imported only there (it needs the registry, which needs this).
 """
 from .parent import BACKGROUND, BackgroundCompiler, Capture
 from .skeleton import CaptureError, dump_skeleton, load_skeleton

@@ -1,19 +1,24 @@
-"""The child's side of the background compiler: `python -m accel compile-job DIR`.
+"""The child's side of the background compiler: `python -m accel compile-worker DIR`.
 
 It runs with the parent's ComfyUI flags, torch thread count (inductor's CPU kernels are built for it) and grad
-mode, rebuilds each captured block from its skeleton and compiles it for each captured input layout, through the
-same registry entry a compiled call in ComfyUI's process uses, so the graphs land in the persistent cache under
-the keys the parent asks for.
+mode, and takes jobs one at a time: a job directory per line on its stdin, until the end of its stdin (the parent
+decides when it goes). For each job it rebuilds each captured block from its skeleton and compiles it for each
+captured input layout, through a registry entry made the way a compiled call in ComfyUI's process makes it, so
+the graphs land in the persistent cache under the keys the parent asks for. Every job starts from the state a
+new process would have (a registry of its own, Dynamo's caches reset): only the imports and torch's per-process
+checks carry over, which is what staying is for.
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
 import pickle
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -23,14 +28,13 @@ from .skeleton import load_skeleton
 log = logging.getLogger("comfyui_accel")
 NICE_ENV = "ACCEL_BACKGROUND_NICE"  # set: the child runs at this niceness instead of the idle scheduling class
 FALLBACK_NICE = 19  # where the idle class is not available
+PARENT_GONE = 3  # the exit code when ComfyUI's process ended first: nobody will use what this compiles
 
 
-def run_job(directory: Path) -> int:
-    """Compile every captured kind of a job into the persistent cache; results.json says what happened."""
+def serve(worker_dir: Path) -> int:
+    """Compile the jobs named on stdin, one at a time; each job's done.json says how it ended."""
     _lower_priority()
-    with open(directory / "job.pkl", "rb") as handle:
-        job = pickle.load(handle)
-    setup = job["setup"]
+    setup = json.loads((worker_dir / "setup.json").read_text())
     _exit_with(setup["parent"])
     from ...comfy_import import import_comfyui_core
 
@@ -38,16 +42,45 @@ def run_job(directory: Path) -> int:
     import_comfyui_core(Path(setup["comfyui"]), setup["flags"].get("cpu", False), **flags)
     torch.set_num_threads(setup["threads"])
     from ...cache.store import write_atomic
+    from .parent import DONE_FILE
+
+    failures = 0
+    for line in sys.stdin:
+        directory = Path(line.strip())
+        log.info("[Accel] background compile: job %s", directory.name)
+        try:
+            returncode, error = run_job(directory, setup["parent"]), None
+        except Exception as err:  # noqa: BLE001  (the job fails, and says why; the next one may not)
+            traceback.print_exc()
+            returncode, error = 1, f"{type(err).__name__}: {err}"[:500]
+        failures += returncode != 0
+        write_atomic(directory / DONE_FILE, json.dumps({"returncode": returncode, "error": error}).encode())
+        if returncode == PARENT_GONE:
+            return PARENT_GONE
+        _forget_jobs_state()
+    if not failures:  # its log is quoted when a job fails; kept then
+        import shutil
+
+        shutil.rmtree(worker_dir, ignore_errors=True)
+    return 0
+
+
+def run_job(directory: Path, parent: int) -> int:
+    """Compile every captured kind of a job into the persistent cache; results.json says what happened."""
+    with open(directory / "job.pkl", "rb") as handle:
+        job = pickle.load(handle)
+    from ...cache.store import write_atomic
     from ..blocks import BlockKind
     from ..options import CompileOptions
-    from ..registry import REGISTRY
+    from ..registry import GraphRegistry
 
+    registry = GraphRegistry()  # the job's own: kinds start with no shapes seen, as in a new process
     results = []
     for item in job["items"]:
-        if os.getppid() != setup["parent"]:
-            return 3  # ComfyUI is gone: nobody will use what this compiles
+        if os.getppid() != parent:
+            return PARENT_GONE
         block = load_skeleton(item["block"])
-        entry = REGISTRY.entry(BlockKind(*item["kind"]), getattr(type(block), item["attribute"]),
+        entry = registry.entry(BlockKind(*item["kind"]), getattr(type(block), item["attribute"]),
                                CompileOptions(**item["options"]), torch.device(item["device"]))
         # a new shape of a kind the parent runs: the dimensions it already made dynamic stay so here
         entry.dynamic_dims.update(tuple(d) for d in item.get("dynamic_dims", ()))
@@ -65,6 +98,17 @@ def run_job(directory: Path) -> int:
     return 0
 
 
+def _forget_jobs_state() -> None:
+    """Between jobs: Dynamo's compiled code and guards go (the next job's kinds compile, from the cache where it
+    can, as a new process's would, and never meet the recompile limit of an earlier job's entries)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_initialized():  # the skeletons' device memory goes back to the GPU while this waits
+        torch.cuda.empty_cache()
+
+
 def _exit_with(parent: int) -> None:
     """A compile nobody will load is wasted CPU: on Linux the kernel ends this process when ComfyUI's ends."""
     if sys.platform.startswith("linux"):
@@ -74,7 +118,7 @@ def _exit_with(parent: int) -> None:
 
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     if os.getppid() != parent:
-        sys.exit(3)  # ComfyUI ended before this process could ask to end with it
+        sys.exit(PARENT_GONE)  # ComfyUI ended before this process could ask to end with it
 
 
 def _lower_priority() -> None:
@@ -90,7 +134,8 @@ def _lower_priority() -> None:
 
 
 def _peak_rss_mib() -> int | None:
-    """This process's own peak (VmHWM): getrusage's ru_maxrss would carry over the parent's peak across exec."""
+    """This process's own peak so far (VmHWM): getrusage's ru_maxrss would carry over the parent's peak across
+    exec."""
     with contextlib.suppress(OSError, ValueError):
         with open("/proc/self/status") as status:
             for line in status:

@@ -2,10 +2,18 @@
 
 choose="auto": when a kind must be compiled and the persistent cache holds nothing for it, the sampler's call
 goes on eagerly and one block of that kind is captured with the layouts of its call's inputs. After the call, a
-child process (`python -m accel compile-job DIR`, child.py) compiles the captured kinds into the persistent
+child process (`python -m accel compile-worker DIR`, child.py) compiles the captured kinds into the persistent
 compile cache, the same way a compiled call here would. Meanwhile those blocks run eagerly. Once the child is
 done, this process's next call compiles each kind again, which now reads torch's on-disk caches (a fraction of a
 cold compile, docs/benchmarks/cold_start.md).
+
+The child stays for later jobs (one at a time, sent as a job directory per line on its stdin) until it has been
+idle for `ACCEL_BACKGROUND_IDLE_SECONDS` (0: one child per job): each new child pays torch's and ComfyUI's imports
+and inductor's per-process probe of the CPU's vector instruction sets before its first compile, about 17 s on the
+2-core test CPU, which a waiting one has behind it. By default it waits 600 s after a CPU job, and goes at once
+after a GPU job: there a waiting child would hold a CUDA context (GPU memory the sampler may need), and it has no
+CPU probe to save. This process alone decides when it goes (it closes the child's stdin), so a job is never sent
+to a child that is leaving.
 
 A kind already compiled that meets inputs of a new shape (a longer prompt, another size) would compile again in
 the sampler's path: that call is captured too, after the kind's first call's layouts, so the child makes the same
@@ -72,21 +80,52 @@ class Capture:
             self.error = str(err)
 
 
+IDLE_ENV = "ACCEL_BACKGROUND_IDLE_SECONDS"
+DEFAULT_IDLE_SECONDS = {"cpu": 600.0}  # any other device: 0
+DONE_FILE = "done.json"  # the child writes it last for each job: {"returncode": 0 or 1, "error": ...}
+
+
+@dataclass
+class Worker:
+    """A child process waiting for jobs: the environment and set-up it was started with (a job for another
+    environment, e.g. other ComfyUI flags, gets a child of its own)."""
+    process: subprocess.Popen
+    key: str
+    directory: Path  # its set-up and log
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def send(self, job_directory: Path) -> None:
+        self.process.stdin.write(f"{job_directory}\n".encode())
+        self.process.stdin.flush()
+
+    def retire(self) -> None:
+        """No more jobs: the child ends when it reads the end of its stdin (after the job it has, if any)."""
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+
+
 @dataclass
 class Job:
     entries: list
-    process: subprocess.Popen
+    worker: Worker
     directory: Path
     started: float
 
+    def ended(self) -> bool:
+        return (self.directory / DONE_FILE).exists() or not self.worker.alive()
+
 
 class BackgroundCompiler:
-    """One child at a time: kinds captured while one runs are sent (as skeletons) to the next, started when it
+    """One job at a time: kinds captured while one runs are sent (as skeletons) to the next, started when it
     ends. Their blocks run eagerly until then."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._job: Job | None = None
+        self._worker: Worker | None = None
+        self._idle_timer: threading.Timer | None = None
         self._queue: list[tuple[list[dict], list, Path]] = []  # (items, entries, environment dir) waiting
         self.history: list[dict] = []  # one record per finished job, for stats
 
@@ -122,75 +161,131 @@ class BackgroundCompiler:
             return self._start(items, entries, env_dir)
 
     def _start(self, items: list[dict], entries: list, env_dir: Path) -> bool:
-        """Start a child for `items` (the lock held)."""
+        """Send `items` to the waiting child, or to a new one (the lock held)."""
+        self._cancel_idle_timer()
         directory = env_dir / "jobs" / f"{os.getpid()}-{time.time_ns()}"
         try:
-            setup = _child_setup(env_dir)
             directory.mkdir(parents=True)
             with open(directory / "job.pkl", "wb") as handle:
-                pickle.dump({"items": items, "setup": setup}, handle)
-            env = {**os.environ, "ACCEL_CACHE_DIR": str(env_dir.parent), "PYTHONUNBUFFERED": "1"}
-            with open(directory / "log.txt", "wb") as log_file:  # the child keeps its own descriptor
-                process = subprocess.Popen([sys.executable, "-m", "accel", "compile-job", str(directory)],
-                                           cwd=PACK_DIR, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL)
+                pickle.dump({"items": items}, handle)
+            worker = self._worker_for(env_dir)
+            worker.send(directory)
         except Exception as err:  # whatever it is, it costs the background compile, never the prompt
             for entry in entries:
                 entry.background.failed(f"the child process could not start ({err})")
             return False
-        self._job = Job(entries, process, directory, time.perf_counter())
+        self._job = Job(entries, worker, directory, time.perf_counter())
         log.info("[Accel] Compile Model: compiling %s in the background (pid %d); those blocks run eagerly until "
                  "it is done. ACCEL_DISABLE_BACKGROUND_COMPILE=1 compiles them at their first call instead.",
-                 ", ".join(e.kind.label for e in entries), process.pid)
+                 ", ".join(e.kind.label for e in entries), worker.process.pid)
         return True
 
+    def _worker_for(self, env_dir: Path) -> Worker:
+        """The waiting child if it was started for this environment and set-up, else a new one (the lock held)."""
+        setup = _child_setup(env_dir)
+        key = json.dumps(setup, sort_keys=True)
+        if self._worker is not None and self._worker.key == key and self._worker.alive():
+            return self._worker
+        if self._worker is not None:
+            self._worker.retire()
+        directory = env_dir / "jobs" / f"worker-{os.getpid()}-{time.time_ns()}"
+        directory.mkdir(parents=True)
+        (directory / "setup.json").write_text(json.dumps(setup))
+        env = {**os.environ, "ACCEL_CACHE_DIR": str(env_dir.parent), "PYTHONUNBUFFERED": "1"}
+        with open(directory / "log.txt", "wb") as log_file:  # the child keeps its own descriptor
+            process = subprocess.Popen([sys.executable, "-m", "accel", "compile-worker", str(directory)],
+                                       cwd=PACK_DIR, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.PIPE)
+        self._worker = Worker(process, key, directory)
+        return self._worker
+
+    def _retire_when_idle(self, device_type: str) -> None:
+        """After a job on `device_type`, with none queued (the lock held): the child goes after the idle time, or
+        now."""
+        if self._worker is None:
+            return
+        idle = _idle_seconds(device_type)
+        if idle <= 0:
+            self._retire_worker()
+            return
+        self._idle_timer = threading.Timer(idle, self._retire_if_still_idle)
+        self._idle_timer.daemon = True
+        self._idle_timer.start()
+
+    def _retire_if_still_idle(self) -> None:
+        with self._lock:
+            if self._job is None and not self._queue:
+                self._retire_worker()
+
+    def _retire_worker(self) -> None:
+        self._cancel_idle_timer()
+        if self._worker is not None:
+            self._worker.retire()
+            self._worker = None
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
     def poll(self) -> None:
-        """If the child has finished, hand its kinds back: cheap enough for every UNet call."""
+        """If the job has ended, hand its kinds back: cheap enough for every UNet call."""
         job = self._job
-        if job is None or job.process.poll() is None:
+        if job is None or not job.ended():
             return
         with self._lock:
             if self._job is not job:
                 return
             self._job = None
         self._finish(job)
-        with self._lock:  # the next child, for kinds captured while this one ran
+        with self._lock:  # the next job, for kinds captured while this one ran
             while self._job is None and self._queue:
                 self._start(*self._queue.pop(0))
+            if self._job is None:
+                self._retire_when_idle(job.entries[0].device_type)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every child (the running one and those queued) is done and its kinds are handed back;
+        """Block until every job (the running one and those queued) is done and its kinds are handed back;
         False on timeout."""
         deadline = None if timeout is None else time.perf_counter() + timeout
-        while (job := self._job) is not None:
-            try:
-                job.process.wait(None if deadline is None else max(0.0, deadline - time.perf_counter()))
-            except subprocess.TimeoutExpired:
+        while self._job is not None:
+            if deadline is not None and time.perf_counter() > deadline:
                 return False
+            time.sleep(0.05)
             self.poll()
         return True
 
     def _finish(self, job: Job) -> None:
         wall = time.perf_counter() - job.started
         results = _read_json(job.directory / "results.json") or {}
+        done = _read_json(job.directory / DONE_FILE)
+        if done is None:  # the child ended in the job (it crashed, or was killed)
+            job.worker.process.wait()
+            returncode, error = job.worker.process.returncode, None
+            with self._lock:
+                if self._worker is job.worker:
+                    self._worker = None
+        else:
+            returncode, error = done.get("returncode"), done.get("error")
         by_id = {r["cache_id"]: r for r in results.get("kinds", [])}
         failed = []
         for entry in job.entries:
             result = by_id.get(entry.cache_id)
-            if result and not result.get("failure"):  # compiled and saved, even if the child ended badly after
+            if result and not result.get("failure"):  # compiled and saved, even if the job went wrong after
                 entry.background.done(result["seconds"])
             else:
-                why = (result or {}).get("failure") or f"the child exited with code {job.process.returncode}"
+                why = (result or {}).get("failure") or error or f"the child exited with code {returncode}"
                 entry.background.failed(why)
                 failed.append(entry.kind.label)
-        record = {"pid": job.process.pid, "kinds": [e.kind.label for e in job.entries], "wall_seconds": round(wall, 1),
-                  "returncode": job.process.returncode, "peak_rss_mib": results.get("peak_rss_mib"),
-                  "failed": failed}
+        record = {"pid": job.worker.process.pid, "kinds": [e.kind.label for e in job.entries],
+                  "wall_seconds": round(wall, 1), "returncode": returncode,
+                  "peak_rss_mib": results.get("peak_rss_mib"), "failed": failed}
         self.history.append(record)
         if failed:
-            tail = (job.directory / "log.txt").read_text(errors="replace")[-2000:]
+            log_path = job.worker.directory / "log.txt"
+            tail = log_path.read_text(errors="replace")[-2000:]
             log.warning("[Accel] Compile Model: the background compile of %s failed; they compile at their next "
-                        "call instead. Its log (kept in %s) ends:\n%s", ", ".join(failed), job.directory, tail)
+                        "call instead. The child's log (%s) ends:\n%s", ", ".join(failed), log_path, tail)
         else:
             shutil.rmtree(job.directory, ignore_errors=True)
             log.info("[Accel] Compile Model: background compile done in %.1f s (%s); the next call loads them from "
@@ -199,7 +294,8 @@ class BackgroundCompiler:
     def stats(self) -> dict:
         self.poll()  # the server's stats route may ask while no UNet call comes to poll
         job = self._job
-        running = None if job is None else {"pid": job.process.pid, "kinds": [e.kind.label for e in job.entries],
+        running = None if job is None else {"pid": job.worker.process.pid,
+                                            "kinds": [e.kind.label for e in job.entries],
                                             "seconds": round(time.perf_counter() - job.started, 1)}
         queued = [e.kind.label for _, entries, _ in self._queue for e in entries]
         return {"running": running, "queued": queued, "finished": list(self.history)}
@@ -228,6 +324,15 @@ def _child_setup(env_dir: Path) -> dict:
             flags[name] = value
     return {"comfyui": str(Path(comfy.model_management.__file__).resolve().parent.parent), "flags": flags,
             "threads": torch.get_num_threads(), "parent": os.getpid(), "env_dir": str(env_dir)}
+
+
+def _idle_seconds(device_type: str) -> float:
+    default = DEFAULT_IDLE_SECONDS.get(device_type, 0.0)
+    try:
+        return float(os.environ.get(IDLE_ENV, default))
+    except ValueError:
+        log.warning("[Accel] %s=%r is not a number of seconds; using %s", IDLE_ENV, os.environ[IDLE_ENV], default)
+        return default
 
 
 def _read_json(path: Path) -> dict | None:
