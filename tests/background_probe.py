@@ -58,7 +58,11 @@ def main() -> None:
 
     def run(label: str, which, reference=eager, **inputs) -> None:
         before = counters()
-        out = sample(which, family, steps=args.steps, **inputs)
+        during = []  # the background compiler's state at each step's end, while the sampling runs
+        out = sample(which, family, steps=args.steps, callback=lambda *a: during.append(
+            engine.background.BACKGROUND.stats()), **inputs)
+        result.setdefault("background_during", {})[label] = during[-1]
+        result.setdefault("background_after", {})[label] = engine.background.BACKGROUND.stats()
         result["samplings"].append({"label": label, **delta(before, counters()),
                                     "max_abs_diff": (out - reference).abs().max().item(),
                                     "eager_max_abs": reference.abs().max().item()})

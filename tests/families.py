@@ -73,7 +73,7 @@ def load(comfy_nodes, family: FamilyCase):
 
 
 def sample(model, family: FamilyCase, steps: int = 4, seed: int = 0, tokens: int | None = None,
-           cfg: float | None = None, latent_shape: tuple[int, ...] | None = None):
+           cfg: float | None = None, latent_shape: tuple[int, ...] | None = None, callback=None):
     """ComfyUI's own sampling entry point (what KSampler calls), euler/normal, from an empty latent (of the
     family's small shape unless `latent_shape` says another)."""
     import comfy.sample
@@ -82,4 +82,4 @@ def sample(model, family: FamilyCase, steps: int = 4, seed: int = 0, tokens: int
     noise = comfy.sample.prepare_noise(latent, seed)
     positive, negative = family.conds(seed, tokens)
     return comfy.sample.sample(model, noise, steps, family.cfg if cfg is None else cfg, "euler", "normal",
-                               positive, negative, latent, disable_pbar=True, seed=seed)
+                               positive, negative, latent, disable_pbar=True, seed=seed, callback=callback)

@@ -6,10 +6,10 @@
   until it has been idle a while (`BACKGROUND`);
 - child.py: `python -m accel compile-worker DIR`, imported only there (it needs the registry, which needs this).
 """
-from .parent import BACKGROUND, BackgroundCompiler, Capture
+from .parent import BACKGROUND, BackgroundCompiler, Capture, hold_while_sampling
 from .skeleton import CaptureError, dump_skeleton, load_skeleton
 from .state import SETTLED_STATES, WAITING_STATES, BackgroundState, KindBackground
 
-__all__ = ["BACKGROUND", "BackgroundCompiler", "Capture", "CaptureError", "dump_skeleton", "load_skeleton",
-           "BackgroundState", "KindBackground",
-           "SETTLED_STATES", "WAITING_STATES"]
+__all__ = ["BACKGROUND", "BackgroundCompiler", "Capture", "hold_while_sampling",
+           "CaptureError", "dump_skeleton", "load_skeleton",
+           "BackgroundState", "KindBackground", "SETTLED_STATES", "WAITING_STATES"]

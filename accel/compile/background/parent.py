@@ -15,6 +15,12 @@ after a GPU job: there a waiting child would hold a CUDA context (GPU memory the
 CPU probe to save. This process alone decides when it goes (it closes the child's stdin), so a job is never sent
 to a child that is leaving.
 
+On a CPU machine with few cores, a job found during a sampling run is held until that run ends (the compile
+wrapper's OUTER_SAMPLE calls `release_held`): the child's start (imports and torch's CPU checks, new Python
+processes) beside the sampler took the sampler's cores and memory bandwidth even in the idle scheduling class,
+so it starts between prompts instead. The blocks run eagerly meanwhile, as they would while it compiles. On a
+GPU, or with more cores, or with `ACCEL_BACKGROUND_AT_ONCE=1`, it starts at once.
+
 A kind already compiled that meets inputs of a new shape (a longer prompt, another size) would compile again in
 the sampler's path: that call is captured too, after the kind's first call's layouts, so the child makes the same
 static-then-dynamic graphs this process would, and calls of the new shape run eagerly until it is done.
@@ -80,6 +86,8 @@ class Capture:
             self.error = str(err)
 
 
+AT_ONCE_ENV = "ACCEL_BACKGROUND_AT_ONCE"  # 1: never hold a job until the sampling run ends
+FEW_CORES = 4  # CPU machines with at most this many cores hold jobs while the sampler runs
 IDLE_ENV = "ACCEL_BACKGROUND_IDLE_SECONDS"
 DEFAULT_IDLE_SECONDS = {"cpu": 600.0}  # any other device: 0
 DONE_FILE = "done.json"  # the child writes it last for each job: {"returncode": 0 or 1, "error": ...}
@@ -127,15 +135,17 @@ class BackgroundCompiler:
         self._worker: Worker | None = None
         self._idle_timer: threading.Timer | None = None
         self._queue: list[tuple[list[dict], list, Path]] = []  # (items, entries, environment dir) waiting
+        self._held: list[tuple[list[dict], list, Path]] = []  # the same, waiting for the sampling run to end
         self.history: list[dict] = []  # one record per finished job, for stats
 
     @property
     def busy(self) -> bool:
-        return self._job is not None or bool(self._queue)
+        return self._job is not None or bool(self._queue) or bool(self._held)
 
-    def launch(self, captures: list[Capture], env_dir: Path) -> bool:
-        """Send `captures` to a child (now, or when the running one ends): their kinds become PENDING. False
-        when none could be sent (each such kind compiles here at its next call instead, as logged)."""
+    def launch(self, captures: list[Capture], env_dir: Path, hold: bool = False) -> bool:
+        """Send `captures` to a child (now, when the running one ends, or with `hold` when `release_held` is
+        called): their kinds become PENDING. False when none could be sent (each such kind compiles here at its
+        next call instead, as logged)."""
         items, entries = [], []
         for capture in captures:
             entry = capture.entry
@@ -155,10 +165,23 @@ class BackgroundCompiler:
         for entry in entries:
             entry.background.sent()
         with self._lock:
+            if hold:
+                self._held.append((items, entries, env_dir))
+                return True
             if self._job is not None:
                 self._queue.append((items, entries, env_dir))
                 return True
             return self._start(items, entries, env_dir)
+
+    def release_held(self) -> None:
+        """The sampling run ended: jobs held for it start (or queue behind the running one)."""
+        with self._lock:
+            held, self._held = self._held, []
+            for job in held:
+                if self._job is None:
+                    self._start(*job)
+                else:
+                    self._queue.append(job)
 
     def _start(self, items: list[dict], entries: list, env_dir: Path) -> bool:
         """Send `items` to the waiting child, or to a new one (the lock held)."""
@@ -247,6 +270,7 @@ class BackgroundCompiler:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every job (the running one and those queued) is done and its kinds are handed back;
         False on timeout."""
+        self.release_held()  # whoever waits wants them done, sampling run or not
         deadline = None if timeout is None else time.perf_counter() + timeout
         while self._job is not None:
             if deadline is not None and time.perf_counter() > deadline:
@@ -298,7 +322,9 @@ class BackgroundCompiler:
                                             "kinds": [e.kind.label for e in job.entries],
                                             "seconds": round(time.perf_counter() - job.started, 1)}
         queued = [e.kind.label for _, entries, _ in self._queue for e in entries]
-        return {"running": running, "queued": queued, "finished": list(self.history)}
+        held = [e.kind.label for _, entries, _ in self._held for e in entries]
+        return {"running": running, "queued": queued, "held_until_sampling_ends": held,
+                "finished": list(self.history)}
 
 
 def _device_of(block: torch.nn.Module, args: tuple, kwargs: dict) -> torch.device:
@@ -324,6 +350,13 @@ def _child_setup(env_dir: Path) -> dict:
             flags[name] = value
     return {"comfyui": str(Path(comfy.model_management.__file__).resolve().parent.parent), "flags": flags,
             "threads": torch.get_num_threads(), "parent": os.getpid(), "env_dir": str(env_dir)}
+
+
+def hold_while_sampling(device_type: str) -> bool:
+    """Whether a job found during a sampling run waits for the run to end: on a CPU machine with few cores."""
+    if os.environ.get(AT_ONCE_ENV, "") not in ("", "0"):
+        return False
+    return device_type == "cpu" and (os.cpu_count() or 1) <= FEW_CORES
 
 
 def _idle_seconds(device_type: str) -> float:
