@@ -20,6 +20,13 @@ def dynamo_frames() -> int:
     return counters["frames"]["ok"]
 
 
+def dynamo_graph_breaks() -> int:
+    """Dynamo's own count of graph breaks in this process (a compiled block split into several graphs)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
 def conds(seed: int = 0):
     context = torch.randn(1, 77, 768, generator=torch.Generator().manual_seed(seed))
     return [[context, {}]], [[torch.zeros_like(context), {}]]

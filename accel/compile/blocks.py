@@ -10,6 +10,7 @@ import functools
 import hashlib
 import inspect
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -60,7 +61,8 @@ class BlockSite:
     module: torch.nn.Module
     kind: BlockKind
     attribute: str = "forward"  # the method that runs compiled
-    options_arg: str | None = field(default=None)  # name of its transformer_options argument, if it has one
+    # "transformer_options" when the forward takes them, as a named argument or through **kwargs
+    options_arg: str | None = field(default=None)
     whole_model: bool = False
 
     @property
@@ -69,16 +71,42 @@ class BlockSite:
 
     @functools.cached_property
     def call_signature(self) -> inspect.Signature | None:
-        """The forward's signature without `self`, to find its transformer_options argument in a call."""
-        if not self.options_arg:
-            return None
+        """The forward's signature without `self`, to find a transformer_options argument passed by position;
+        None when the forward takes them only through **kwargs (then always by keyword)."""
         sig = inspect.signature(self.forward)
+        if not self.options_arg or self.options_arg not in sig.parameters:
+            return None
         return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+    def options_of_call(self, args: tuple, kwargs: dict) -> tuple[dict | None, Callable | None]:
+        """This call's transformer_options, and a function giving the call's (args, kwargs) with other options in
+        their place; (None, None) when options cannot be given: the forward takes none, or takes them only
+        through **kwargs and this call passes none (what receives the **kwargs may not accept them)."""
+        name = self.options_arg
+        if not name:
+            return None, None
+        if name in kwargs:
+            return kwargs[name], lambda options: (args, {**kwargs, name: options})
+        if self.call_signature is None:
+            return None, None
+        bound = self.call_signature.bind(*args, **kwargs)
+
+        def with_options(options: dict) -> tuple[tuple, dict]:
+            bound.arguments[name] = options
+            return bound.args, bound.kwargs
+
+        return bound.arguments.get(name), with_options
 
 
 def _transformer_options_arg(module: torch.nn.Module, attribute: str) -> str | None:
+    """A forward that takes transformer_options by name, or may get them through **kwargs: SD3's JointBlock
+    forwards (*args, **kwargs) to the function that reads them. Either way compiled calls get fresh options
+    (dispatch.py), so per-step values stay out of the graph's guards and attention that reads free memory on
+    each call (the CPU default) is replaced inside compiled blocks (attention.py)."""
     params = inspect.signature(getattr(type(module), attribute)).parameters
-    return "transformer_options" if "transformer_options" in params else None
+    if "transformer_options" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return "transformer_options"
+    return None
 
 
 def find_repeated_blocks(model: torch.nn.Module) -> list[BlockSite]:

@@ -95,20 +95,15 @@ class BlockDispatcher:
     def _make_call(self, args: tuple, kwargs: dict):
         """A function building fresh (args, kwargs) for a compiled call of this block, or None when this call
         must run eagerly (another node patched what the block computes)."""
-        if self.site.call_signature is None:
+        options, with_options = self.site.options_of_call(args, kwargs)
+        if with_options is None:
             return lambda: (args, kwargs)
-        bound = self.site.call_signature.bind(*args, **kwargs)
-        options = bound.arguments.get(self.site.options_arg) or {}
+        options = options or {}
         safe = whole_model_safe_options(options) if self.site.whole_model else block_safe_options(options)
         if safe is None:
             return None
-
-        def make_call():
-            # fresh each call: blocks write into their transformer_options
-            bound.arguments[self.site.options_arg] = compiled_block_options(self.allow_sdpa)
-            return bound.args, bound.kwargs
-
-        return make_call
+        # fresh each call: blocks write into their transformer_options
+        return lambda: with_options(compiled_block_options(self.allow_sdpa))
 
     def _new_shape_in_background(self, make_call) -> bool:
         """True when this call of a compiled kind runs eagerly because its inputs' shape would compile a new
