@@ -5,7 +5,7 @@ ACCEL_VENV ?= .venv
 export ACCEL_VENV
 VENV_PY := $(ACCEL_VENV)/bin/python
 
-.PHONY: setup models demo test bench clean
+.PHONY: setup models demo test bench bench-quick clean
 
 setup:
 	$(PYTHON) tools/setup_env.py --models test
@@ -19,8 +19,13 @@ demo: setup
 test: setup
 	$(ACCEL_VENV)/bin/pytest
 
+# Every scenario side by side in one run: docs/benchmarks/REPORT.md with its charts (full-size models, an hour or
+# more on a CPU); bench-quick the same on the small models into bench/results/quick/.
 bench: models
-	$(VENV_PY) bench/run.py
+	$(VENV_PY) bench/report.py
+
+bench-quick: setup
+	$(VENV_PY) bench/report.py --quick
 
 clean:
 	rm -rf .venv .comfyui

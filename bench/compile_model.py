@@ -170,6 +170,7 @@ def main() -> None:
               "sweep_sizes": SWEEP_SIZES, "results": results}
     if {"core", "accel", "eager"} <= set(by):
         report["ratios"] = target_ratios(by, "peak_rss_mib")
+        eager = by["eager"]
         for name in ("accel", "accel-compiled", "accel-lowmem", "core"):
             if name in by:
                 report["ratios"][f"first_sampling_peak_rss_vs_eager[{name}]"] = (

@@ -9,7 +9,6 @@ runs them. Every call is compared with a copy of the same model called eagerly w
 """
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch

@@ -486,3 +486,46 @@ def test_one_child_takes_job_after_job_until_it_is_idle(engine, tmp_path, monkey
     compiler = engine.background.BackgroundCompiler()
     first, second = launch_one(compiler, "c"), launch_one(compiler, "d")
     assert first["pid"] != second["pid"], "with no idle time, the child stayed for the next job"
+
+
+VAE_BACKGROUND_PROBE = Path(__file__).with_name("vae_background_probe.py")
+
+
+def test_compile_vae_defaults_compile_off_the_first_decode(tmp_path):
+    """Compile VAE with its defaults in a new install (an empty compile cache, a fresh process): the first decode
+    compiles nothing in the process and equals eager, while the background child compiles the VAE's kind; the
+    decodes after it load the child's graphs from the persistent cache (torch's hit counters, no miss) and stay
+    within the compiled tolerance of eager. Then a restart (a new process on that cache): no child, the first
+    decode again eager (on the CPU the kind waits for inductor's CPU checks, run in a thread), then loaded."""
+    env = {**os.environ, "ACCEL_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run_probe() -> dict:
+        proc = subprocess.run([sys.executable, str(VAE_BACKGROUND_PROBE)], capture_output=True, text=True,
+                              env=env, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+    def assert_loaded_then_warm(later: list[dict]) -> None:
+        loaded = sum(d["frames"] for d in later)
+        assert loaded >= 1 and sum(d["fx_graph_hits"] for d in later) == loaded, later
+        assert sum(d["fx_graph_misses"] for d in later) == 0, later
+        assert later[-1]["frames"] == 0, "a decode after the graphs were loaded compiled again"
+        for decode in later:
+            assert decode["max_abs_diff"] <= 2e-5 * decode["eager_max_abs"], decode
+
+    result = run_probe()
+    first, *later = result["decodes"]
+    assert first["frames"] == 0, "the first decode compiled in the prompt's process"
+    assert first["max_abs_diff"] <= 1e-5 * first["eager_max_abs"], f"the first decode did not run eagerly: {first}"
+    assert result["waited"], "the background compile did not finish"
+    assert len(result["jobs"]) == 1 and result["jobs"][0]["returncode"] == 0 and not result["jobs"][0]["failed"]
+    assert [k["background"]["state"] for k in result["kinds"]] == ["done"], result["kinds"]
+    assert_loaded_then_warm(later)
+
+    restart = run_probe()
+    first, *later = restart["decodes"]
+    assert restart["jobs"] == [], "a restart on a warm cache started a child"
+    assert first["frames"] == 0 and first["max_abs_diff"] <= 1e-5 * first["eager_max_abs"], first
+    (kind,) = restart["kinds"]
+    assert kind["background"]["state"] == "not needed" and "CPU checks" in kind["background"]["reason"], kind
+    assert_loaded_then_warm(later)

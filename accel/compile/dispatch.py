@@ -141,7 +141,7 @@ class BlockDispatcher:
             if entry.background.waiting:
                 return True
             if not entry.needs_background():
-                return False
+                return entry.background.waiting  # found in the cache, waiting for the CPU checks
         make_call = self._make_call(args, kwargs)
         if make_call is None:  # patched in this call: capture a later block of the kind
             return entry.background.waiting

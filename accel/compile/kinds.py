@@ -21,7 +21,8 @@ import torch
 
 from ..cache import COMPILE_CACHE
 from ..cache.store import key_id
-from .background import KindBackground
+from .background import KindBackground, hold_while_sampling
+from .background.cpu_checks import CPU_CHECKS
 from .background.skeleton import CaptureError, dump_skeleton
 from .blocks import BlockKind
 from .cpu_isa import vec_isa_options
@@ -214,6 +215,9 @@ class KindEntry:
             self.background.not_needed("no usable compile cache to hand graphs over")
             return False
         if env.has_artifacts(self.cache_id):
+            # on the CPU, loading waits for inductor's per-process checks, run off the prompt's path first
+            if self.device_type == "cpu" and CPU_CHECKS.wait_for_them(self.background, hold_while_sampling("cpu")):
+                return False
             self.background.not_needed("found in the persistent compile cache")
             return False
         return True

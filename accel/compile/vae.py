@@ -4,15 +4,26 @@ ComfyUI's VAE has a ModelPatcher of its own (`vae.patcher`) that it loads before
 ModelPatcher applies its object patches while loaded and restores them when unloaded. So a copy of the VAE with
 a cloned patcher whose object patches replace `decode`/`encode` gives compiled coding to that copy only; the
 input VAE is untouched.
+
+With choose=auto and a background compile (the defaults), the first decode (or encode) of a VAE kind with nothing
+in the persistent compile cache runs eagerly and is captured for the background child, like a block kind
+(dispatch.py): a workflow's first prompt no longer waits for the VAE's compile. Its next calls load the child's
+graphs and auto mode times compiled against eager as for blocks.
 """
 from __future__ import annotations
 
 import copy
 
+import torch
+
+from ..cache import COMPILE_CACHE
+from .background import BACKGROUND, Capture
+from .background.cpu_checks import CPU_CHECKS
 from .blocks import BlockKind
+from .dispatch import IN_BACKGROUND, run_on_chosen_path
+from .kinds import KindEntry, input_signature
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
-from .dispatch import run_on_chosen_path
 from .registry import REGISTRY
 
 VAE_METHODS = ("decode", "encode")
@@ -39,7 +50,25 @@ class CompiledMethod:
 
         if options.choose == "always compiled":
             return run_compiled()
+        if options.compiles_in_background and policy.allows("background_compile") and \
+                self._compiling_in_background(entry, args, kwargs, device):
+            return entry.run_eager(self.module, args, kwargs, IN_BACKGROUND)
         return run_on_chosen_path(entry, self.module, args, kwargs, device.type, run_compiled)
+
+    def _compiling_in_background(self, entry: KindEntry, args: tuple, kwargs: dict, device) -> bool:
+        """True while this VAE kind compiles in a child, and for the call that sends it there (its first, when
+        the kind is cold). Not held for a sampling run: the VAE runs after the sampler."""
+        BACKGROUND.poll()  # a finished child hands the kind back here
+        if entry.background.waiting:
+            return True
+        if not entry.needs_background():
+            if entry.background.waiting:  # found in the cache, waiting for the CPU checks: the sampler is done
+                CPU_CHECKS.release()
+            return entry.background.waiting
+        capture = Capture(entry, self.module, self.method, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        entry.background.capture()
+        capture.add_call(input_signature(args, kwargs), args, kwargs)
+        return BACKGROUND.launch([capture], COMPILE_CACHE.environment(device.type).dir)
 
 
 def compile_vae(vae, options: CompileOptions):

@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from .cpu_checks import CPU_CHECKS
 from .skeleton import CaptureError, dump_skeleton
 
 log = logging.getLogger("comfyui_accel")
@@ -164,6 +165,8 @@ class BackgroundCompiler:
             return False
         for entry in entries:
             entry.background.sent()
+        if any(item["device"].startswith("cpu") for item in items):
+            CPU_CHECKS.want(hold)  # this process loads the child's graphs later: its checks are done by then
         with self._lock:
             if hold:
                 self._held.append((items, entries, env_dir))
@@ -174,7 +177,9 @@ class BackgroundCompiler:
             return self._start(items, entries, env_dir)
 
     def release_held(self) -> None:
-        """The sampling run ended: jobs held for it start (or queue behind the running one)."""
+        """The sampling run ended: jobs held for it start (or queue behind the running one), and inductor's CPU
+        checks if they were held for it (cpu_checks.py)."""
+        CPU_CHECKS.release()
         with self._lock:
             held, self._held = self._held, []
             for job in held:
@@ -268,10 +273,12 @@ class BackgroundCompiler:
                 self._retire_when_idle(job.entries[0].device_type)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every job (the running one and those queued) is done and its kinds are handed back;
-        False on timeout."""
+        """Block until every job (the running one and those queued) is done and its kinds are handed back, and
+        kinds found in the cache no longer wait for inductor's CPU checks; False on timeout."""
         self.release_held()  # whoever waits wants them done, sampling run or not
         deadline = None if timeout is None else time.perf_counter() + timeout
+        if not CPU_CHECKS.wait(timeout):
+            return False
         while self._job is not None:
             if deadline is not None and time.perf_counter() > deadline:
                 return False
@@ -324,7 +331,7 @@ class BackgroundCompiler:
         queued = [e.kind.label for _, entries, _ in self._queue for e in entries]
         held = [e.kind.label for _, entries, _ in self._held for e in entries]
         return {"running": running, "queued": queued, "held_until_sampling_ends": held,
-                "finished": list(self.history)}
+                "finished": list(self.history), "cpu_checks": CPU_CHECKS.stats()}
 
 
 def _device_of(block: torch.nn.Module, args: tuple, kwargs: dict) -> torch.device:

@@ -9,6 +9,8 @@ Every move a kind makes goes through `KindBackground`, so the states and who may
     NOT_NEEDED or DONE --new_shape()--> NEW_SHAPE_CAPTURED --sent()--> NEW_SHAPE_PENDING --done()--> DONE
                                                                     (failed() from either: FAILED)
 
+    UNDECIDED --await_cpu_checks()--> AWAITING_CPU_CHECKS --cpu_checks_done()--> NOT_NEEDED
+
 UNDECIDED: not looked at yet. NOT_NEEDED: compiled here (warm, or found in the persistent cache, or too small to
 compile at all). CAPTURED: one of its blocks was captured in this call, sent to a child when the call ends.
 PENDING: a child compiles it. DONE: the child's graphs are in the persistent cache, the next call loads them.
@@ -16,6 +18,8 @@ FAILED: it could not be sent or the child failed; it compiles here at its next c
 NEW_SHAPE_*: the kind runs compiled, and a call with inputs of a new shape (a longer prompt, another size) would
 compile again: a child compiles that graph while calls of the new shape run eagerly, those of shapes already
 compiled still run compiled.
+AWAITING_CPU_CHECKS: found in the persistent cache on the CPU; its blocks run eagerly until inductor's
+per-process CPU checks ran in a thread (cpu_checks.py), then it loads at its next call.
 """
 from __future__ import annotations
 
@@ -34,10 +38,12 @@ class BackgroundState(enum.Enum):
     FAILED = "failed"
     NEW_SHAPE_CAPTURED = "new shape queued"
     NEW_SHAPE_PENDING = "new shape compiling"
+    AWAITING_CPU_CHECKS = "in the cache, loads after the CPU checks"
 
 
-# States in which the kind's blocks run eagerly because a child has (or will have) its compile.
-WAITING_STATES = (BackgroundState.CAPTURED, BackgroundState.PENDING)
+# States in which the kind's blocks run eagerly because a child has (or will have) its compile, or (found in the
+# cache) until this process's CPU checks are done.
+WAITING_STATES = (BackgroundState.CAPTURED, BackgroundState.PENDING, BackgroundState.AWAITING_CPU_CHECKS)
 # States after which this process compiles (or loads) the kind itself.
 SETTLED_STATES = (BackgroundState.NOT_NEEDED, BackgroundState.DONE, BackgroundState.FAILED)
 # States in which calls of a new input shape run eagerly while a child compiles that shape's graph.
@@ -74,6 +80,15 @@ class KindBackground:
     def capture(self) -> None:
         assert self.state is BackgroundState.UNDECIDED, self.state
         self.state = BackgroundState.CAPTURED
+
+    def await_cpu_checks(self) -> None:
+        assert self.state is BackgroundState.UNDECIDED, self.state
+        self.state = BackgroundState.AWAITING_CPU_CHECKS
+        self.reason = "found in the persistent compile cache; runs eagerly until inductor's CPU checks are done"
+
+    def cpu_checks_done(self) -> None:
+        if self.state is BackgroundState.AWAITING_CPU_CHECKS:
+            self.not_needed("found in the persistent compile cache (loaded after inductor's CPU checks)")
 
     def new_shape(self) -> None:
         assert self.may_compile_new_shape, self.state

@@ -1,0 +1,110 @@
+"""Every scenario side by side in one run, one report: `make bench` (full-size models) and `make bench-quick`
+(the small models, minutes).
+
+Each scenario (bench/scenarios.py: eager ComfyUI, core TorchCompileModel and EasyCache, the pack's nodes alone
+and combined) runs on each model in a fresh process with empty caches of its own (torch's inductor cache and the
+pack's persistent cache in a temporary directory): the cold first prompt, the background compile, the steady
+state, Swap Weights. Then a second fresh process on the same caches times the first prompt of a warm restart.
+The report (REPORT.md with PNG charts) puts each scenario against eager ComfyUI of the same run.
+
+    .venv/bin/python bench/report.py [--quick] [--out DIR] [--scenarios a,sd15:b] [--families sd15,flux]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from report_output import write_report  # noqa: E402
+from scenarios import SCENARIOS, models  # noqa: E402
+
+CHILD = Path(__file__).resolve().parent / "report_child.py"
+
+
+def run_child(scenario: str, family: str, phase: str, cache: Path, outputs: Path, quick: bool) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "torch"), "ACCEL_CACHE_DIR": str(cache / "accel")}
+    command = [sys.executable, str(CHILD), scenario, family, phase, str(outputs), *(["--quick"] if quick else [])]
+    start = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    line = [out for out in proc.stdout.splitlines() if out.startswith("RESULT ")]
+    if proc.returncode or not line:
+        raise SystemExit(f"{family}/{scenario} ({phase}) failed:\n{proc.stderr[-4000:]}")
+    result = json.loads(line[0][len("RESULT "):])
+    result["process_s"] = time.perf_counter() - start
+    return result
+
+
+def quality(outputs: Path, family: str, scenario: str) -> dict:
+    """The steady output against eager's: the largest latent error relative to eager's largest value, and the
+    decoded image's PSNR (dB)."""
+    import math
+
+    import torch
+
+    mine = torch.load(outputs / f"{family}-{scenario}-cold.pt")
+    eager = torch.load(outputs / f"{family}-eager-cold.pt")
+    reference = eager["samples"]
+    out = {"max_rel_error": ((mine["samples"] - reference).abs().max() / reference.abs().max()).item()}
+    if mine["image"] is not None and eager["image"] is not None:
+        mse = torch.mean((mine["image"].float() - eager["image"].float()) ** 2).item()
+        out["psnr_db"] = None if mse == 0 else 10 * math.log10(1.0 / mse)  # None: the same image
+        out["image_equal"] = mse == 0
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the small models (make bench-quick)")
+    parser.add_argument("--out", help="where REPORT.md and its charts go (default: docs/benchmarks, or "
+                                      "bench/results/quick with --quick)")
+    parser.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS),
+                        help="names from bench/scenarios.py; FAMILY:NAME runs one on that family only")
+    parser.add_argument("--families", default="sd15,flux")
+    args = parser.parse_args()
+    out = Path(args.out or (ROOT / "bench" / "results" / "quick" if args.quick else ROOT / "docs" / "benchmarks"))
+    wanted: dict[str, set[str]] = {"eager": {"*"}}  # every ratio is against eager of the same run
+    for item in args.scenarios.split(","):
+        family, _, name = item.rpartition(":")
+        wanted.setdefault(name, set()).add(family or "*")
+    unknown = sorted(set(wanted) - {s.name for s in SCENARIOS})
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(unknown)}; pick from {', '.join(s.name for s in SCENARIOS)}")
+    bench_models = {f: m for f, m in models(args.quick).items() if f in args.families.split(",")}
+    runs, skipped = [], []
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="accel-report-") as tmp:
+        outputs = Path(tmp) / "outputs"
+        outputs.mkdir()
+        for family in bench_models:
+            for scenario in (s for s in SCENARIOS if s.name in wanted):
+                if not wanted[scenario.name] & {"*", family}:
+                    continue  # not asked for on this family
+                if family not in scenario.families:
+                    skipped.append({"family": family, "scenario": scenario.name, "why": scenario.why_not})
+                    continue
+                cache = Path(tmp) / f"cache-{family}-{scenario.name}"
+                cold = run_child(scenario.name, family, "cold", cache, outputs, args.quick)
+                warm = run_child(scenario.name, family, "warm", cache, outputs, args.quick)
+                cold["warm_restart"] = {k: warm[k] for k in ("first_prompt_s", "startup_s", "compiles_first_prompt",
+                                                             "peak_rss_mib")}
+                cold["quality"] = quality(outputs, family, scenario.name)
+                runs.append(cold)
+                print(f"{family:>5} {scenario.name:<18} first prompt {cold['first_prompt_s']:7.2f} s, warm "
+                      f"restart {warm['first_prompt_s']:7.2f} s, steady {cold['steady_s_per_step']:.3f} s/step",
+                      flush=True)
+    report = write_report(out, runs, skipped, bench_models, quick=args.quick,
+                          wall_s=time.perf_counter() - start)
+    print(f"wrote {report}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""One scenario on one model in a fresh process, for bench/report.py: the first prompt, then (a cold run) the
+steady state, as a ComfyUI server process would live through them.
+
+A prompt is what a workflow does: load the model file (ComfyUI's UNETLoader), apply the scenario's nodes, sample
+(ComfyUI's sampler, euler), decode (SD1.5: VAEDecode with TAESD). The first prompt's latency counts all of it;
+ComfyUI's and the pack's imports happen at a server's start, before any prompt, and are reported apart. Prompt
+conditioning is fed as tensors of the family's widths (no text encoder: a Flux text encoder is gigabytes).
+
+    bench/report_child.py SCENARIO FAMILY {cold,warm} OUTPUT_DIR [--quick]
+
+prints one line `RESULT <json>`; the final latent (and image) of the last prompt go to OUTPUT_DIR/<run>.pt.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+STARTED = time.perf_counter()
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from memory import peak_mib  # noqa: E402
+from scenarios import BY_NAME, BenchModel, models  # noqa: E402
+from timing import synced_clock  # noqa: E402
+
+STEADY_PROMPTS = 3  # after the prompt that loads the background child's graphs
+
+
+def conditioning(family: str):
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    if family == "flux":  # T5-width prompt states, pooled CLIP-L, guidance as an input (cfg 1)
+        context = torch.randn(1, 77, 4096, generator=generator)
+        positive = [[context, {"pooled_output": torch.randn(1, 768, generator=generator), "guidance": 3.5}]]
+        return positive, [[torch.zeros_like(context), {"pooled_output": torch.zeros(1, 768), "guidance": 3.5}]]
+    context = torch.randn(1, 77, 768, generator=generator)
+    return [[context, {}]], [[torch.zeros_like(context), {}]]
+
+
+def apply_node(step: str, model, vae, pack):
+    """One node of the scenario, called as ComfyUI's executor calls it (its FUNCTION with the widgets' values)."""
+    accel = pack.NODE_CLASS_MAPPINGS
+    if step == "core_compile":
+        from comfy_extras.nodes_torch_compile import TorchCompileModel
+
+        return TorchCompileModel.execute(model, "inductor").result[0], vae
+    if step == "core_easycache":  # its defaults: threshold 0.2 from 15% to 95% of the steps
+        from comfy_extras.nodes_easycache import EasyCacheNode
+
+        return EasyCacheNode.execute(model, 0.2, 0.15, 0.95, False).result[0], vae
+    if step == "compile":  # every default
+        return accel["AccelCompileModel"]().apply(model, "default", "auto", "auto")[0], vae
+    if step == "deepcache":
+        return accel["AccelDeepCache"]().apply(model, 3, 0, 0.0, 1.0, "uniform")[0], vae
+    if step == "compile_vae":
+        return model, accel["AccelCompileVAE"]().apply(vae, "default")[0]
+    raise ValueError(f"unknown scenario node {step!r}")
+
+
+class Prompt:
+    """The workflow after its loaders: sample, then decode (where the model has a VAE here)."""
+
+    def __init__(self, bench: BenchModel, model, vae):
+        self.bench, self.model, self.vae = bench, model, vae
+        self.positive, self.negative = conditioning(bench.family)
+
+    def run(self, model=None) -> dict:
+        import comfy.sample
+        import nodes
+        import torch
+
+        bench = self.bench
+        channels = 16 if bench.family == "flux" else 4
+        latent = torch.zeros(1, channels, bench.latent, bench.latent)
+        noise = comfy.sample.prepare_noise(latent, 0)
+        start = time.perf_counter()
+        stamps = [start]
+        samples = comfy.sample.sample(model or self.model, noise, bench.steps, bench.cfg, "euler", "normal",
+                                      self.positive, self.negative, latent, disable_pbar=True, seed=0,
+                                      callback=lambda *a: stamps.append(synced_clock()))
+        sampled = synced_clock()
+        image = nodes.VAEDecode().decode(self.vae, {"samples": samples})[0] if self.vae is not None else None
+        done = synced_clock()
+        return {"sampling_s": sampled - start, "decode_s": done - sampled, "prompt_s": done - start,
+                "step_s": [b - a for a, b in zip(stamps, stamps[1:])], "samples": samples, "image": image}
+
+
+def frames() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["ok"]
+
+
+def wait_for_background(pack) -> dict | None:
+    compiler = pack.accel.compile.background.BACKGROUND
+    start = time.perf_counter()
+    compiler.wait()
+    jobs = compiler.stats()["finished"]
+    if not jobs:
+        return None
+    return {"wait_s": time.perf_counter() - start, "jobs": len(jobs),
+            "kinds": sum(len(job["kinds"]) for job in jobs),
+            "child_peak_rss_mib": max(job.get("peak_rss_mib") or 0 for job in jobs)}
+
+
+def run(scenario_name: str, family: str, phase: str, outputs: Path, quick: bool) -> dict:
+    import torch
+
+    from tools.comfy_env import import_comfyui, load_pack
+
+    gpu = torch.cuda.is_available()
+    import_comfyui(cpu=not gpu)
+    pack = load_pack()
+    import nodes
+
+    scenario, bench = BY_NAME[scenario_name], models(quick)[family]
+    result = {"scenario": scenario_name, "family": family, "phase": phase,
+              "startup_s": time.perf_counter() - STARTED}
+    # The first prompt: loaders, the scenario's nodes, sampling, decoding.
+    start = time.perf_counter()
+    model = nodes.UNETLoader().load_unet(bench.file, "default")[0]
+    vae = nodes.VAELoader().load_vae("taesd")[0] if family == "sd15" else None
+    for step in scenario.nodes:
+        model, vae = apply_node(step, model, vae, pack)
+    prompt = Prompt(bench, model, vae)
+    first = prompt.run()
+    result["first_prompt_s"] = time.perf_counter() - start
+    result["first_sampling_s"] = first["sampling_s"]
+    result["first_decode_s"] = first["decode_s"]
+    result["compiles_first_prompt"] = frames()
+    last = first
+    if phase == "cold":
+        result["background"] = wait_for_background(pack)
+        loading = prompt.run()  # loads what the background child compiled, makes auto mode's choices
+        result["second_prompt_s"] = loading["prompt_s"]
+        before = frames()
+        steady = [prompt.run() for _ in range(STEADY_PROMPTS)]
+        result["recompiles_steady"] = frames() - before
+        result["steady_prompt_s"] = statistics.median(p["prompt_s"] for p in steady)
+        result["steady_sampling_s"] = statistics.median(p["sampling_s"] for p in steady)
+        result["steady_s_per_step"] = result["steady_sampling_s"] / bench.steps
+        last = steady[-1]
+        if scenario_name == "swap":
+            result.update(swap(prompt, bench, pack, outputs))
+    result["compiles_total"] = frames()
+    result["peak_rss_mib"] = peak_mib()
+    if gpu:
+        result["peak_gpu_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    torch.save({"samples": last["samples"], "image": last["image"]},
+               outputs / f"{family}-{scenario_name}-{phase}.pt")
+    return result
+
+
+def swap(prompt: Prompt, bench: BenchModel, pack, outputs: Path) -> dict:
+    """Swap Weights to the second file of the architecture: the prompt after the swap (the node, the weight
+    copy when the model loads, the sampling), its compiles, and its output against the second file run eagerly
+    in this process."""
+    import nodes
+    import torch
+
+    before = frames()
+    start = time.perf_counter()
+    swapped = pack.NODE_CLASS_MAPPINGS["AccelSwapWeights"]().apply(prompt.model, bench.swap_file)[0]
+    after_swap = prompt.run(swapped)
+    result = {"swap_prompt_s": time.perf_counter() - start, "swap_recompiles": frames() - before}
+    eager_b = nodes.UNETLoader().load_unet(bench.swap_file, "default")[0]
+    reference = prompt.run(eager_b)["samples"]
+    error = (after_swap["samples"] - reference).abs().max() / reference.abs().max()
+    result["swap_max_rel_error_vs_eager"] = error.item()
+    torch.save({"samples": after_swap["samples"]}, outputs / f"{bench.family}-swap-after.pt")
+    return result
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--quick"]
+    print("RESULT " + json.dumps(run(*args[:3], Path(args[3]), "--quick" in sys.argv)), flush=True)

@@ -1,0 +1,197 @@
+"""The benchmark report's files: REPORT.md (tables per model, machine, versions, settings), report.json (every
+number) and PNG charts made with matplotlib (latency and speedup per scenario, quality against speed)."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+
+HEADLINE_CHART = "report_headline.png"  # first prompt and steady speed against eager: the README shows it
+QUALITY_CHART = "report_quality_speed.png"
+FIRST_PROMPT_BOUND = 1.2  # issue #13: the first prompt with the pack takes at most 1.2x eager's
+
+
+def machine() -> dict:
+    import torch
+
+    from tools.comfy_env import comfyui_version
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {gpu}", "python": platform.python_version(),
+            "torch": torch.__version__, "comfyui": comfyui_version()}
+
+
+def with_ratios(runs: list[dict]) -> list[dict]:
+    """Each run's ratios against eager of the same family in this run."""
+    eager = {r["family"]: r for r in runs if r["scenario"] == "eager"}
+    for r in runs:
+        e = eager[r["family"]]
+        r["ratios"] = {"first_prompt_vs_eager": r["first_prompt_s"] / e["first_prompt_s"],
+                       "warm_restart_vs_eager": r["warm_restart"]["first_prompt_s"] /
+                       e["warm_restart"]["first_prompt_s"],
+                       "steady_speedup": e["steady_prompt_s"] / r["steady_prompt_s"],
+                       "peak_rss_vs_eager": r["peak_rss_mib"] / e["peak_rss_mib"]}
+    return runs
+
+
+def _family_runs(runs: list[dict]) -> dict[str, list[dict]]:
+    by: dict[str, list[dict]] = {}
+    for r in runs:
+        by.setdefault(r["family"], []).append(r)
+    return by
+
+
+def _labels(runs: list[dict]) -> list[str]:
+    from scenarios import BY_NAME
+
+    return [BY_NAME[r["scenario"]].label for r in runs]
+
+
+def headline_chart(path: Path, runs: list[dict], titles: dict[str, str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = _family_runs(runs)
+    fig, axes = plt.subplots(len(by), 2, figsize=(12, 1.2 + 0.45 * max(len(v) for v in by.values()) * len(by)),
+                             squeeze=False)
+    for row, (family, fruns) in enumerate(by.items()):
+        labels = _labels(fruns)
+        y = range(len(fruns))
+        ax = axes[row][0]
+        cold = [r["ratios"]["first_prompt_vs_eager"] for r in fruns]
+        warm = [r["ratios"]["warm_restart_vs_eager"] for r in fruns]
+        ax.barh([i - 0.2 for i in y], cold, height=0.4, label="cold start", color="#d1495b")
+        ax.barh([i + 0.2 for i in y], warm, height=0.4, label="warm restart", color="#edae49")
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.axvline(FIRST_PROMPT_BOUND, color="grey", linestyle="--", linewidth=0.8, label="1.2x bound")
+        ax.set_yticks(list(y), labels)
+        ax.invert_yaxis()
+        ax.set_xlabel("first prompt latency, x eager (lower is better)")
+        ax.set_title(titles[family], fontsize=9, loc="left")
+        ax.legend(fontsize=7, loc="lower right")
+        ax = axes[row][1]
+        speed = [r["ratios"]["steady_speedup"] for r in fruns]
+        ax.barh(list(y), speed, height=0.6, color="#00798c")
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_yticks(list(y), [""] * len(fruns))
+        ax.invert_yaxis()
+        ax.set_xlabel("steady prompt speed, x eager (higher is better)")
+        for i, value in enumerate(speed):
+            ax.text(value, i, f" {value:.2f}x", va="center", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def quality_chart(path: Path, runs: list[dict], titles: dict[str, str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    floor = 1e-8  # equal outputs (error 0) are drawn on the floor of the log scale
+    for family, fruns in _family_runs(runs).items():
+        xs = [r["ratios"]["steady_speedup"] for r in fruns]
+        ys = [max(r["quality"]["max_rel_error"], floor) for r in fruns]
+        ax.scatter(xs, ys, label=titles[family], marker="o" if family == "sd15" else "s")
+        for x, y, label in zip(xs, ys, _labels(fruns)):
+            ax.annotate(label, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_yscale("log")
+    ax.set_xlabel("steady prompt speed, x eager")
+    ax.set_ylabel("largest latent error vs eager (relative)")
+    ax.set_title("quality against speed (each scenario against eager of the same run)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _psnr(quality: dict) -> str:
+    return "equal" if quality.get("image_equal") else _fmt(quality.get("psnr_db"), 1)
+
+
+def markdown(runs: list[dict], skipped: list[dict], bench_models: dict, info: dict, quick: bool,
+             wall_s: float) -> str:
+    command = "make bench-quick" if quick else "make bench"
+    lines = [
+        "# ComfyUI-Accel benchmark report", "",
+        f"Written by `{command}` (bench/report.py) on {info['date']}, in {wall_s / 60:.1f} minutes. "
+        f"Machine: {info['machine']}; Python {info['python']}, torch {info['torch']}, ComfyUI {info['comfyui']}.",
+        "",
+        "Every scenario ran in a fresh process with empty caches of its own (torch's inductor cache and the pack's "
+        "persistent cache), as a newly started ComfyUI server would: the first prompt (load the model file, apply "
+        "the scenario's nodes, sample, decode), the background compile if any, then the steady state; a second "
+        "fresh process on the same caches timed the first prompt of a warm restart. **All ratios are against eager "
+        "ComfyUI of this same run, one run**: absolute times drift between runs on a shared machine.", "",
+        f"![first prompt and steady speed]({HEADLINE_CHART})", "",
+        f"![quality against speed]({QUALITY_CHART})", "",
+    ]
+    for family, fruns in _family_runs(runs).items():
+        bench = bench_models[family]
+        lines += [f"## {bench.label}", "",
+                  f"`{bench.file}`, latent {bench.latent}x{bench.latent}, {bench.steps} steps, cfg {bench.cfg}, "
+                  f"euler/normal, batch 1{', TAESD decode' if family == 'sd15' else ', no decode'}.", "",
+                  "| scenario | first prompt s | x eager | warm restart s | x eager | steady prompt s | s/step "
+                  "| speed x eager | compiles (first prompt / all) | recompiles, steady | peak RSS MiB | x eager "
+                  "| largest error | PSNR dB |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r, label in zip(fruns, _labels(fruns)):
+            ratios, q = r["ratios"], r["quality"]
+            lines.append(
+                f"| {label} | {_fmt(r['first_prompt_s'])} | {_fmt(ratios['first_prompt_vs_eager'])} "
+                f"| {_fmt(r['warm_restart']['first_prompt_s'])} | {_fmt(ratios['warm_restart_vs_eager'])} "
+                f"| {_fmt(r['steady_prompt_s'], 3)} | {_fmt(r['steady_s_per_step'], 3)} "
+                f"| {_fmt(ratios['steady_speedup'])} | {r['compiles_first_prompt']} / {r['compiles_total']} "
+                f"| {r['recompiles_steady']} | {r['peak_rss_mib']:.0f} | {_fmt(ratios['peak_rss_vs_eager'])} "
+                f"| {q['max_rel_error']:.1e} | {_psnr(q)} |")
+        for r in fruns:
+            if r.get("background"):
+                b = r["background"]
+                lines.append(f"- {r['scenario']}: the background child compiled {b['kinds']} kinds in {b['jobs']} "
+                             f"jobs; waiting for it after the first prompt took {b['wait_s']:.1f} s; child peak RSS "
+                             f"{b['child_peak_rss_mib']:.0f} MiB.")
+            if "swap_prompt_s" in r:
+                lines.append(f"- Swap Weights to `{bench.swap_file}`: the prompt after the swap took "
+                             f"{r['swap_prompt_s']:.2f} s (steady prompt {r['steady_prompt_s']:.2f} s), "
+                             f"{r['swap_recompiles']} compiles; largest error against that file run eagerly "
+                             f"{r['swap_max_rel_error_vs_eager']:.1e}.")
+        lines.append("")
+    if skipped:
+        lines += ["## Not run", ""] + [f"- {s['scenario']} on {s['family']}: {s['why']}." for s in skipped] + [""]
+    lines += [
+        "## What the columns mean", "",
+        "- *first prompt*: from the prompt's start (loaders) to its decoded output, in a process whose imports are "
+        "done (a server's start). *warm restart*: the same in a new process on the first one's caches.",
+        "- *steady prompt*: median of the prompts after the one that loads the background child's graphs; "
+        "*s/step* its sampling time per step; *speed x eager*: eager's steady prompt over the scenario's.",
+        "- *compiles*: Dynamo frames compiled in the process (the background child's are not counted there); "
+        "*recompiles, steady*: frames compiled during the steady prompts (0 expected).",
+        "- *largest error*: the steady output latent's largest difference from eager's, relative to eager's "
+        "largest value; *PSNR*: of the decoded image against eager's (`equal`: identical). Caches (DeepCache, "
+        "EasyCache) trade error for speed by design; compiled blocks differ from eager by rounding only.",
+        "- *peak RSS*: the process's high-water mark (the background child's peak is listed apart).", ""]
+    return "\n".join(lines)
+
+
+def write_report(out: Path, runs: list[dict], skipped: list[dict], bench_models: dict, quick: bool,
+                 wall_s: float) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    info = {**machine(), "date": datetime.date.today().isoformat()}
+    runs = with_ratios(runs)
+    titles = {family: bench_models[family].label for family in bench_models}
+    headline_chart(out / HEADLINE_CHART, runs, titles)
+    quality_chart(out / QUALITY_CHART, runs, titles)
+    (out / "report.json").write_text(json.dumps({**info, "quick": quick, "wall_s": wall_s, "runs": runs,
+                                                 "skipped": skipped}, indent=2, default=str))
+    report = out / "REPORT.md"
+    report.write_text(markdown(runs, skipped, bench_models, info, quick, wall_s))
+    return report

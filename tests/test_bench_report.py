@@ -1,0 +1,72 @@
+"""`make bench-quick`'s harness (bench/report.py) writes a well-formed report: REPORT.md with a table per model and
+a row per scenario run, report.json with every run's ratios against eager of the same run, and PNG charts that
+are real images. Never a speed: CI machines differ; the report says what was measured.
+
+CI runs a subset of the scenarios (the whole quick run takes longer than CI's budget allows beside the suite):
+eager, a cache of the pack and of core on the small SD1.5 UNet and the tiny Flux (DeepCache is left out on Flux,
+which the report must say), and Compile Model with its background child on the SD1.5 UNet only (6 minutes with
+it on Flux too, here).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tools.comfy_env import ROOT
+
+SCENARIOS = ("eager", "deepcache", "core_easycache", "sd15:compile")
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory, comfy_dir):
+    out = tmp_path_factory.mktemp("report")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "report.py"), "--quick", "--out", str(out),
+                           "--scenarios", ",".join(SCENARIOS), "--families", "sd15,flux"],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def test_report_has_a_row_per_scenario_and_ratios_against_eager(report_dir):
+    sys.path.append(str(ROOT / "bench"))
+    from scenarios import BY_NAME
+
+    data = json.loads((report_dir / "report.json").read_text())
+    runs = {(r["family"], r["scenario"]) for r in data["runs"]}
+    assert runs == {("sd15", "eager"), ("sd15", "deepcache"), ("sd15", "core_easycache"), ("sd15", "compile"),
+                    ("flux", "eager"), ("flux", "core_easycache")}
+    assert data["skipped"] == [{"family": "flux", "scenario": "deepcache", "why": BY_NAME["deepcache"].why_not}]
+    for run in data["runs"]:
+        for key in ("first_prompt_s", "steady_prompt_s", "peak_rss_mib"):
+            assert run[key] > 0, (run["family"], run["scenario"], key)
+        assert run["warm_restart"]["first_prompt_s"] > 0
+        if run["scenario"] == "eager":
+            assert all(value == 1.0 for value in run["ratios"].values()), run["ratios"]
+            assert run["quality"]["max_rel_error"] == 0.0
+        if run["scenario"] == "compile":
+            assert run["background"] and run["background"]["kinds"] >= 1, run
+            assert run["quality"]["max_rel_error"] < 1e-3, run["quality"]  # compiled blocks: rounding only
+            assert run["recompiles_steady"] == 0
+    report = (report_dir / "REPORT.md").read_text()
+    for family in ("small (accel-sd15-small)", "tiny (accel-tiny-flux)"):
+        assert family in report
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "---" not in line
+            and not line.startswith("| scenario")]
+    assert len(rows) == len(data["runs"])
+    assert all(line.count("|") == 15 for line in rows), rows
+    assert "deepcache on flux" in report and data["torch"] in report
+
+
+def test_report_charts_are_images(report_dir):
+    import matplotlib.image
+
+    for name in ("report_headline.png", "report_quality_speed.png"):
+        path = report_dir / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        pixels = matplotlib.image.imread(path)
+        assert pixels.shape[0] > 200 and pixels.shape[1] > 400, (name, pixels.shape)
+        assert pixels[..., :3].std() > 0.05, f"{name} is blank"
+        assert f"({name})" in (report_dir / "REPORT.md").read_text()

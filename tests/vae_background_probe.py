@@ -1,0 +1,55 @@
+"""Run in a fresh process by test_compile_model.py, with an empty ACCEL_CACHE_DIR: Compile VAE's defaults
+(choose="auto", background compile) on TAESD, as a user's first workflow in a new install meets them.
+
+Decodes a latent eagerly, then with the compiled VAE: the first decode (its kind is sent to the background child
+and runs eagerly), the decode after the child is done (loads its graphs from the persistent cache), one more.
+Auto mode's margins are set so the compiled path is kept whatever this machine measures: what is tested is where
+the compile happens. Prints one JSON line: Dynamo frames and torch's on-disk cache counters around each decode,
+and each output's largest difference from eager.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+sys.path.append(str(ROOT / "tests"))
+
+from tools.comfy_env import load_pack  # noqa: E402
+
+
+def main() -> None:
+    engine = load_pack().accel.compile
+    import nodes
+    import torch
+    from compile_helpers import dynamo_frames
+
+    engine.kind_choice.FASTER_MARGIN = engine.auto_mode.FASTER_MARGIN = 100.0
+    (vae,) = nodes.VAELoader().load_vae("taesd")
+    latent = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    eager = vae.decode(latent)
+    compiled = engine.compile_vae(vae, engine.CompileOptions())
+    decodes = []
+
+    def decode(label: str) -> None:
+        before = {"frames": dynamo_frames(), **engine.kinds.disk_cache_counters()}
+        out = compiled.decode(latent)
+        after = {"frames": dynamo_frames(), **engine.kinds.disk_cache_counters()}
+        decodes.append({"label": label, **{k: after[k] - before[k] for k in after},
+                        "max_abs_diff": (out - eager).abs().max().item(), "eager_max_abs": eager.abs().max().item()})
+
+    decode("first")
+    waited = engine.background.BACKGROUND.wait(timeout=900)
+    for label in ("after the child", "warm", "warm again"):
+        decode(label)
+    stats = engine.REGISTRY.stats()
+    print("RESULT " + json.dumps({"decodes": decodes, "waited": waited,
+                                  "jobs": engine.background.BACKGROUND.stats()["finished"],
+                                  "kinds": [{"kind": k["kind"], "background": k["background"], "path": k["path"]}
+                                            for k in stats["kinds"]]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
