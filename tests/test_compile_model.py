@@ -412,6 +412,12 @@ def test_block_skeletons_carry_layouts_not_weights(engine, comfy_nodes):
         assert (theirs.shape, theirs.stride(), theirs.dtype, theirs.requires_grad) == \
                (ours.shape, ours.stride(), ours.dtype, ours.requires_grad), name
         assert type(theirs) is torch.nn.Parameter and theirs._base is None, name
+    # ComfyUI's executor makes a VAE in inference mode: parameters that are inference tensors and require grad
+    # (the demo's background VAE job failed on them: torch refuses requires_grad on one outside inference mode)
+    with torch.inference_mode():
+        made_in_inference = torch.nn.Conv2d(4, 4, 3)
+    weight = engine.background.load_skeleton(engine.background.dump_skeleton(made_in_inference)).weight
+    assert type(weight) is torch.nn.Parameter and weight.is_inference() and weight.requires_grad
 
 
 def test_a_block_that_cannot_be_sent_to_the_child_compiles_here(engine, comfy_nodes, tmp_path, caplog):

@@ -1,7 +1,8 @@
 """Run in a fresh process by test_compile_model.py, with an empty ACCEL_CACHE_DIR: Compile VAE's defaults
 (choose="auto", background compile) on TAESD, as a user's first workflow in a new install meets them.
 
-Decodes a latent eagerly, then with the compiled VAE: the first decode (its kind is sent to the background child
+As ComfyUI's executor runs nodes, the VAE is loaded and decodes in inference mode (its parameters are inference
+tensors that require grad). Decodes a latent eagerly, then with the compiled VAE: the first decode (its kind is sent to the background child
 and runs eagerly), the decode after the child is done (loads its graphs from the persistent cache), one more.
 Auto mode's margins are set so the compiled path is kept whatever this machine measures: what is tested is where
 the compile happens. Prints one JSON line: Dynamo frames and torch's on-disk cache counters around each decode,
@@ -22,11 +23,19 @@ from tools.comfy_env import load_pack  # noqa: E402
 
 def main() -> None:
     engine = load_pack().accel.compile
+    import torch
+
+    engine.kind_choice.FASTER_MARGIN = engine.auto_mode.FASTER_MARGIN = 100.0
+    with torch.inference_mode():  # as in ComfyUI's executor
+        result = decode_and_report(engine)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def decode_and_report(engine) -> dict:
     import nodes
     import torch
     from compile_helpers import dynamo_frames
 
-    engine.kind_choice.FASTER_MARGIN = engine.auto_mode.FASTER_MARGIN = 100.0
     (vae,) = nodes.VAELoader().load_vae("taesd")
     latent = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
     eager = vae.decode(latent)
@@ -45,10 +54,8 @@ def main() -> None:
     for label in ("after the child", "warm", "warm again"):
         decode(label)
     stats = engine.REGISTRY.stats()
-    print("RESULT " + json.dumps({"decodes": decodes, "waited": waited,
-                                  "jobs": engine.background.BACKGROUND.stats()["finished"],
-                                  "kinds": [{"kind": k["kind"], "background": k["background"], "path": k["path"]}
-                                            for k in stats["kinds"]]}), flush=True)
+    return {"decodes": decodes, "waited": waited, "jobs": engine.background.BACKGROUND.stats()["finished"],
+            "kinds": [{"kind": k["kind"], "background": k["background"], "path": k["path"]} for k in stats["kinds"]]}
 
 
 if __name__ == "__main__":

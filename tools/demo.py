@@ -80,8 +80,9 @@ def wait_for_background_compile(server: ComfyServer, timeout: float = 900.0) -> 
         time.sleep(2)
         background = server.get_json("/accel/stats")["compile"]["background"]
     for job in background["finished"]:
-        print(f"  child pid {job['pid']}: {len(job['kinds'])} kinds in {job['wall_seconds']} s, peak RSS "
-              f"{job['peak_rss_mib']} MiB{', failed: ' + ', '.join(job['failed']) if job['failed'] else ''}")
+        peak = f", peak RSS {job['peak_rss_mib']} MiB" if job.get("peak_rss_mib") else ""
+        print(f"  child pid {job['pid']}: {len(job['kinds'])} kinds in {job['wall_seconds']} s{peak}"
+              f"{', failed: ' + ', '.join(job['failed']) if job['failed'] else ''}")
 
 
 def without_pack(graph: dict) -> dict:

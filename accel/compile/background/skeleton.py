@@ -44,14 +44,16 @@ class _SkeletonUnpickler(pickle.Unpickler):
                 target = getattr(target, name)
             return target
         _, shape, stride, dtype, device, is_param, requires_grad, inference = pid
+        # Inference tensors are made, and made parameters, in inference mode, as ComfyUI's executor makes a
+        # VAE's: outside it, torch refuses requires_grad on an inference tensor.
         with torch.inference_mode(inference):
             # Same layout, values never written: they do not reach the compiled code, and large allocations are
             # fresh pages that reading leaves unallocated (the kernel's shared zero page), so the child's memory
             # holds little of the blocks' weights. Not a view of a larger tensor: a view would have a _base.
             tensor = torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=device)
-        if is_param:
-            return torch.nn.Parameter(tensor, requires_grad=requires_grad)
-        return tensor.requires_grad_(requires_grad) if requires_grad else tensor
+            if is_param:
+                return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+            return tensor.requires_grad_(requires_grad) if requires_grad else tensor
 
 
 def dump_skeleton(obj: Any) -> bytes:
