@@ -37,15 +37,9 @@ class CpuChecks:
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
         self._wanted = False  # something in this process will load or compile C++ kernels
-        self._held = False  # wanted, but started only when the sampling run ends
         self._waiting: list[KindBackground] = []
         self.seconds: float | None = None
         self.error: str | None = None
-
-    @property
-    def pending(self) -> bool:
-        """The checks have not finished in this process (a kind found in the cache should wait for them)."""
-        return not self._done.is_set()
 
     def want(self, hold: bool) -> None:
         """This process will need the checks: run them now, or (`hold`) when the sampling run ends."""
@@ -53,8 +47,7 @@ class CpuChecks:
             if self._done.is_set() or self._thread is not None:
                 return
             self._wanted = True
-            self._held = self._held or hold
-            if not hold and not self._held:
+            if not hold:
                 self._start()
 
     def wait_for_them(self, background: KindBackground, hold: bool) -> bool:
