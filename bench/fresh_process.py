@@ -17,6 +17,16 @@ from contextlib import nullcontext
 from pathlib import Path
 
 
+def run_result_process(command: list[str], env: dict, label: str) -> dict:
+    """Run a benchmark child process and return the JSON of its one `RESULT <json>` line; stop the benchmark
+    with the child's error output when it fails."""
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    line = [out for out in proc.stdout.splitlines() if out.startswith("RESULT ")]
+    if proc.returncode or not line:
+        raise SystemExit(f"{label} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(line[0][len("RESULT "):])
+
+
 def run_variants(script: str, variants: list[str], child_args: list[str], shared_cache: bool = False) -> list[dict]:
     results = []
     shared_dir = tempfile.TemporaryDirectory(prefix="accel-bench-shared-") if shared_cache else nullcontext()
@@ -26,12 +36,8 @@ def run_variants(script: str, variants: list[str], child_args: list[str], shared
                 cache = Path(shared or own)
                 env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "torch"),
                        "ACCEL_CACHE_DIR": str(cache / "accel")}
-                proc = subprocess.run([sys.executable, script, "--child", variant, *child_args],
-                                      capture_output=True, text=True, env=env)
-            line = [out for out in proc.stdout.splitlines() if out.startswith("RESULT ")]
-            if proc.returncode or not line:
-                raise SystemExit(f"{variant} failed:\n{proc.stderr[-4000:]}")
-            results.append(json.loads(line[0][len("RESULT "):]))
+                results.append(run_result_process([sys.executable, script, "--child", variant, *child_args],
+                                                  env, variant))
             print(json.dumps(results[-1]), flush=True)
     return results
 

@@ -12,9 +12,7 @@ The report (REPORT.md with PNG charts) puts each scenario against eager ComfyUI 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
+from fresh_process import run_result_process  # noqa: E402
 from report_output import write_report  # noqa: E402
 from scenarios import SCENARIOS, models  # noqa: E402
 
@@ -34,11 +33,7 @@ def run_child(scenario: str, family: str, phase: str, cache: Path, outputs: Path
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "torch"), "ACCEL_CACHE_DIR": str(cache / "accel")}
     command = [sys.executable, str(CHILD), scenario, family, phase, str(outputs), *(["--quick"] if quick else [])]
     start = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True, env=env)
-    line = [out for out in proc.stdout.splitlines() if out.startswith("RESULT ")]
-    if proc.returncode or not line:
-        raise SystemExit(f"{family}/{scenario} ({phase}) failed:\n{proc.stderr[-4000:]}")
-    result = json.loads(line[0][len("RESULT "):])
+    result = run_result_process(command, env, f"{family}/{scenario} ({phase})")
     result["process_s"] = time.perf_counter() - start
     return result
 

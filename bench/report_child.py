@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
+import compile_model  # noqa: E402
 from memory import peak_mib  # noqa: E402
 from scenarios import BY_NAME, BenchModel, models  # noqa: E402
 from timing import synced_clock  # noqa: E402
@@ -97,13 +98,12 @@ def frames() -> int:
 
 
 def wait_for_background(pack) -> dict | None:
-    compiler = pack.accel.compile.background.BACKGROUND
-    start = time.perf_counter()
-    compiler.wait()
-    jobs = compiler.stats()["finished"]
-    if not jobs:
+    """compile_model.wait_for_background, summed up for the report."""
+    waited = compile_model.wait_for_background(pack.accel.compile)
+    if waited is None:
         return None
-    return {"wait_s": time.perf_counter() - start, "jobs": len(jobs),
+    jobs = waited["jobs"]
+    return {"wait_s": waited["wait_after_first_sampling_s"], "jobs": len(jobs),
             "kinds": sum(len(job["kinds"]) for job in jobs),
             "child_peak_rss_mib": max(job.get("peak_rss_mib") or 0 for job in jobs)}
 
@@ -146,7 +146,7 @@ def run(scenario_name: str, family: str, phase: str, outputs: Path, quick: bool)
         result["steady_s_per_step"] = result["steady_sampling_s"] / bench.steps
         last = steady[-1]
         if scenario_name == "swap":
-            result.update(swap(prompt, bench, pack, outputs))
+            result.update(swap(prompt, bench, pack))
     result["compiles_total"] = frames()
     result["peak_rss_mib"] = peak_mib()
     if gpu:
@@ -156,12 +156,11 @@ def run(scenario_name: str, family: str, phase: str, outputs: Path, quick: bool)
     return result
 
 
-def swap(prompt: Prompt, bench: BenchModel, pack, outputs: Path) -> dict:
+def swap(prompt: Prompt, bench: BenchModel, pack) -> dict:
     """Swap Weights to the second file of the architecture: the prompt after the swap (the node, the weight
     copy when the model loads, the sampling), its compiles, and its output against the second file run eagerly
     in this process."""
     import nodes
-    import torch
 
     before = frames()
     start = time.perf_counter()
@@ -172,7 +171,6 @@ def swap(prompt: Prompt, bench: BenchModel, pack, outputs: Path) -> dict:
     reference = prompt.run(eager_b)["samples"]
     error = (after_swap["samples"] - reference).abs().max() / reference.abs().max()
     result["swap_max_rel_error_vs_eager"] = error.item()
-    torch.save({"samples": after_swap["samples"]}, outputs / f"{bench.family}-swap-after.pt")
     return result
 
 
