@@ -24,7 +24,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from fresh_process import run_result_process  # noqa: E402
 from report_output import write_report  # noqa: E402
-from scenarios import SCENARIOS, models  # noqa: E402
+from scenarios import BY_NAME, SCENARIOS, models  # noqa: E402
 
 CHILD = Path(__file__).resolve().parent / "report_child.py"
 
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--families", default="sd15,flux")
     args = parser.parse_args()
     out = Path(args.out or (ROOT / "bench" / "results" / "quick" if args.quick else ROOT / "docs" / "benchmarks"))
-    wanted: dict[str, set[str]] = {"eager": {"*"}}  # every ratio is against eager of the same run
+    wanted: dict[str, set[str]] = {"eager": set()}
     for item in args.scenarios.split(","):
         family, _, name = item.rpartition(":")
         wanted.setdefault(name, set()).add(family or "*")
@@ -80,12 +80,13 @@ def main() -> None:
         outputs = Path(tmp) / "outputs"
         outputs.mkdir()
         for family in bench_models:
-            for scenario in (s for s in SCENARIOS if s.name in wanted):
-                if not wanted[scenario.name] & {"*", family}:
-                    continue  # not asked for on this family
-                if family not in scenario.families:
-                    skipped.append({"family": family, "scenario": scenario.name, "why": scenario.why_not})
-                    continue
+            asked = [s for s in SCENARIOS if wanted.get(s.name, set()) & {"*", family}]
+            skipped += [{"family": family, "scenario": s.name, "why": s.why_not}
+                        for s in asked if family not in s.families]
+            runnable = [s for s in asked if family in s.families]
+            if runnable:  # every ratio is against eager of the same run: eager runs first wherever another does
+                runnable = [BY_NAME["eager"]] + [s for s in runnable if s.name != "eager"]
+            for scenario in runnable:
                 cache = Path(tmp) / f"cache-{family}-{scenario.name}"
                 cold = run_child(scenario.name, family, "cold", cache, outputs, args.quick)
                 warm = run_child(scenario.name, family, "warm", cache, outputs, args.quick)

@@ -108,6 +108,15 @@ def wait_for_background(pack) -> dict | None:
             "child_peak_rss_mib": max(job.get("peak_rss_mib") or 0 for job in jobs)}
 
 
+def kind_paths(pack) -> dict | None:
+    """Which of the pack's compiled kinds run compiled, and which auto mode kept eager (a steady speed of a
+    model whose kinds all run eagerly is no compile gain). None when the scenario compiles nothing."""
+    kinds = pack.accel.compile.REGISTRY.stats()["kinds"]
+    if not kinds:
+        return None
+    return {path: sorted({k["kind"] for k in kinds if k["path"] == path}) for path in ("compiled", "eager")}
+
+
 def run(scenario_name: str, family: str, phase: str, outputs: Path, quick: bool) -> dict:
     import torch
 
@@ -145,6 +154,7 @@ def run(scenario_name: str, family: str, phase: str, outputs: Path, quick: bool)
         result["steady_sampling_s"] = statistics.median(p["sampling_s"] for p in steady)
         result["steady_s_per_step"] = result["steady_sampling_s"] / bench.steps
         last = steady[-1]
+        result["kind_paths"] = kind_paths(pack)
         if scenario_name == "swap":
             result.update(swap(prompt, bench, pack))
     result["compiles_total"] = frames()

@@ -164,6 +164,12 @@ def markdown(runs: list[dict], skipped: list[dict], bench_models: dict, info: di
                 lines.append(f"- {r['scenario']}: the background child compiled {b['kinds']} kinds in {b['jobs']} "
                              f"jobs; waiting for it after the first prompt took {b['wait_s']:.1f} s; child peak RSS "
                              f"{b['child_peak_rss_mib']:.0f} MiB.")
+            if r.get("kind_paths"):
+                paths = r["kind_paths"]
+                eager = f"; auto mode kept {', '.join(paths['eager'])} eager" if paths["eager"] else ""
+                lines.append(f"- {r['scenario']}: in the steady state {len(paths['compiled'])} of "
+                             f"{len(paths['compiled']) + len(paths['eager'])} kinds ran compiled{eager}. The "
+                             f"prompt that loaded them took {_fmt(r.get('second_prompt_s'))} s.")
             if "swap_prompt_s" in r:
                 lines.append(f"- Swap Weights to `{bench.swap_file}`: the prompt after the swap took "
                              f"{r['swap_prompt_s']:.2f} s (steady prompt {r['steady_prompt_s']:.2f} s), "

@@ -9,9 +9,11 @@ model compiled with other options (other compile keys, queued for a second child
 children) the sampling that loads the graphs from the persistent cache, one more, and the other options' model.
 Then a new shape (a longer prompt, a wider latent): the sampling while a third child compiles its graph, the one
 that loads it, and one more. Auto mode's margins are set so compiled paths are kept whatever this machine
-measures: what is tested is where compiles happen, not which path is faster here.
-Prints one JSON line: Dynamo frames and torch's on-disk cache counters around each sampling, the outputs'
-largest difference from eager, and the registry's stats.
+measures: what is tested is where compiles happen, not which path is faster here. After each sampling the
+probe sleeps until work held for an idle moment has started, as a server waits between prompts (idle_gate.py).
+Prints one JSON line: Dynamo frames and torch's on-disk cache counters around each sampling and each wait for
+the children (where CPU kinds load their graphs: preload.py), the outputs' largest difference from eager, and
+the registry's stats.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def main() -> None:
 
     engine = load_pack().accel.compile
     import nodes
-    from compile_helpers import dynamo_frames
+    from compile_helpers import dynamo_frames, wait_for_idle_release
     from families import BY_FAMILY, load, sample
 
     family = BY_FAMILY[args.family]
@@ -62,6 +64,8 @@ def main() -> None:
         out = sample(which, family, steps=args.steps, callback=lambda *a: during.append(
             engine.background.BACKGROUND.stats()), **inputs)
         result.setdefault("background_during", {})[label] = during[-1]
+        result.setdefault("background_at_return", {})[label] = engine.background.BACKGROUND.stats()
+        result.setdefault("idle_release_s", {})[label] = wait_for_idle_release(engine)
         result.setdefault("background_after", {})[label] = engine.background.BACKGROUND.stats()
         result["samplings"].append({"label": label, **delta(before, counters()),
                                     "max_abs_diff": (out - reference).abs().max().item(),
@@ -70,9 +74,10 @@ def main() -> None:
     run("while compiling", compiled)
     run("other options, queued", other)
     result["queued"] = engine.background.BACKGROUND.stats()["queued"]
-    start = time.perf_counter()
+    start, before = time.perf_counter(), counters()
     result["waited"] = engine.background.BACKGROUND.wait(timeout=900)
     result["wait_seconds"] = round(time.perf_counter() - start, 1)
+    result["wait_counters"] = delta(before, counters())  # on the CPU the child's graphs load in the wait
     run("after the child", compiled)
     run("warm", compiled)
     run("other options, after its child", other)
@@ -82,7 +87,9 @@ def main() -> None:
     new_shape = {"tokens": 2 * family.tokens, "latent_shape": (*shape[:-1], 2 * shape[-1])}
     eager_new = sample(model, family, steps=args.steps, **new_shape)
     run("new shape, while its child compiles", compiled, eager_new, **new_shape)
+    before = counters()
     result["new_shape_waited"] = engine.background.BACKGROUND.wait(timeout=900)
+    result["new_shape_wait_counters"] = delta(before, counters())
     run("new shape, after its child", compiled, eager_new, **new_shape)
     run("new shape, warm", compiled, eager_new, **new_shape)
     result["new_shape_stats"] = engine.REGISTRY.stats()

@@ -69,3 +69,16 @@ def own_kinds(engine, patcher, choose: str | None = None) -> list[dict]:
     entries = {e.key: e for (_, options, _), record in records.items()
                if choose is None or options.choose == choose for e in record.entries}
     return [e.stats() for e in entries.values()]
+
+
+def wait_for_idle_release(engine, timeout: float = 60.0) -> float | None:
+    """Sleep (this process idle) until background work held for an idle moment has started; the seconds that
+    took, or None if it never did. What the idle gate does in a server between prompts (idle_gate.py)."""
+    import time
+
+    start = time.monotonic()
+    while engine.background.BACKGROUND.stats()["held_until_idle"]:
+        if time.monotonic() - start > timeout:
+            return None
+        time.sleep(0.1)
+    return time.monotonic() - start

@@ -99,7 +99,9 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     """`python -m accel precompile` at a size no process sampled, then a new ComfyUI server runs a workflow at
     that size: every graph it compiles comes from the cache (no miss, hits for every compile). On a CPU with few
     cores its first prompt loads nothing: the kinds found in the cache run eagerly until inductor's per-process
-    CPU checks ran in a thread after the sampling (background/cpu_checks.py); the next prompt loads them."""
+    CPU checks ran in a thread once the server was idle (background/cpu_checks.py); then, still between prompts,
+    the kinds load from their first calls' input layouts (background/preload.py), and the next prompt compiles
+    nothing."""
     width, height = PRECOMPILED
     env = {**os.environ, "ACCEL_CACHE_DIR": str(shared["dir"]), "COMFYUI_DIR": str(comfyui_dir())}
     proc = subprocess.run([sys.executable, "-m", "accel", "precompile", "--model", "accel-sd15-small.safetensors",
@@ -118,17 +120,24 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     with ComfyServer(tmp_path / "server") as server:
         server.run_workflow(graph)
         first = server.get_json("/accel/stats")["compile"]
-        if accel_pack.accel.compile.background.hold_while_sampling("cpu"):
+        if accel_pack.accel.compile.background.hold_until_idle("cpu"):
             assert first["totals"]["compiles"] == 0, f"the first prompt waited for the CPU checks: {first['totals']}"
             assert {k["background"]["state"] for k in first["kinds"]} <= {
                 "in the cache, loads after the CPU checks", "not needed"}, first["kinds"]
         deadline = time.monotonic() + 300
-        while server.get_json("/accel/stats")["compile"]["background"]["cpu_checks"]["state"] != "done":
-            assert time.monotonic() < deadline, "inductor's CPU checks did not finish in their thread"
+        while (background := server.get_json("/accel/stats")["compile"]["background"])["busy"]:
+            assert time.monotonic() < deadline, f"the CPU checks or the preload did not finish: {background}"
             time.sleep(1)
+        assert background["cpu_checks"]["state"] == "done", background["cpu_checks"]
+        preloaded = server.get_json("/accel/stats")["compile"]["totals"]
         graph["8"]["inputs"]["seed"] += 1  # another prompt (the same one would run nothing)
         server.run_workflow(graph)
         totals = server.get_json("/accel/stats")["compile"]["totals"]
+    if accel_pack.accel.compile.background.preload.enabled("cpu"):
+        awaiting = {k["kind"] for k in first["kinds"]
+                    if k["background"]["state"] == "in the cache, loads after the CPU checks"}
+        assert awaiting and {k["kind"] for k in background["preload"]["loaded"]} == awaiting, background
+        assert totals["compiles"] == preloaded["compiles"], f"the prompt after the preload compiled: {totals}"
     assert totals["compiles"] > 0, totals
     assert totals["disk_cache"].get("fx_graph_misses", 0) == 0, f"a cold compile after precompile: {totals}"
     assert totals["disk_cache"].get("fx_graph_hits", 0) == totals["compiles"], totals

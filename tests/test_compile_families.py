@@ -1,33 +1,14 @@
-"""Compile Model on every model family ComfyUI ships: SDXL, SD3, Flux, Chroma, Wan 2.1 and 2.2 (5-D video
-latents), HunyuanVideo, Qwen-Image, Lumina 2 and LTX-Video, each a generated model (tools/family_models.py)
-loaded by ComfyUI's own UNETLoader (detected as the family's model class) and sampled by its own sampler with
-conditioning tensors of the family's widths (tests/families.py).
-
-With every default (choose=auto, background compile) and with choose=always compiled, the output equals eager
-within the compiled tolerance, the background child's graphs are loaded, the repeat compiles nothing, and a
-prompt-length sweep and a size sweep each cost at most one compile per kind and call variant, then none (in CI:
-prompt length on Flux, size on Wan 2.1). Other options (static and dynamic shapes, whole-model scope) on two
-small DiTs. Compiles are counted with Dynamo's own counter, as a change over what each step does.
+"""Compile Model on every image model family ComfyUI ships: SDXL, SD3, Flux, Chroma, Qwen-Image and Lumina 2, each
+a generated model (tools/family_models.py) loaded by ComfyUI's own UNETLoader (detected as the family's model
+class) and sampled by its own sampler with conditioning tensors of the family's widths (tests/families.py).
+What is checked per family: tests/family_compile_checks.py. The video families and the other options are in
+test_compile_video_families.py.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
 
-from compile_helpers import assert_close_to_eager, dynamo_frames, dynamo_graph_breaks, own_kinds
-from families import FAMILIES, load, sample
-from tools.family_models import BY_NAME
-
-
-# The sweeps compile dynamic graphs (20-45 s each here). CI runs the prompt-length sweep on an image DiT with
-# double and single blocks (Flux) and the size sweep on a video DiT (Wan 2.1); test_compile_model.py sweeps a
-# UNet's sizes. ACCEL_ALL_SWEEPS=1 runs both sweeps on every family (CI's 30 minutes do not hold them all).
-SWEEPS = {"flux": ("tokens",), "wan21": ("latent_shape",)}
-# Measured exceptions to "one compile per kind and call variant": HunyuanVideo's token refiner compiles its
-# dynamic graph twice on the first longer prompt (the second after a guard on an input that is None).
-EXTRA_SWEEP_COMPILES = {("hunyuan_video", "tokens"): 1}
+from family_compile_checks import IMAGE_FAMILIES, check_compile_model_on_family
 
 
 @pytest.fixture(scope="module")
@@ -35,90 +16,6 @@ def engine(accel_pack):
     return accel_pack.accel.compile
 
 
-def sweep(model, family, **changes) -> int:
-    """Dynamo frames compiled over one sampling per value of one input (a prompt length, a latent size)."""
-    (name, values), = changes.items()
-    frames = dynamo_frames()
-    for value in values:
-        sample(model, family, steps=1, **{name: value})
-    return dynamo_frames() - frames
-
-
-@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
-def test_compile_model_on_every_family(engine, comfy_nodes, family):
-    # The generated file is the family's model to ComfyUI's own loader, and samples deterministically.
-    model = load(comfy_nodes, family)
-    assert type(model.model).__name__ == family.model_class
-    assert type(model.model.model_config).__name__ == BY_NAME[family.name].detected
-    assert len(family.latent_shape) == model.model.latent_format.latent_dimensions + 2
-    assert family.latent_shape[1] == model.model.latent_format.latent_channels
-    eager = sample(model, family)
-    assert eager.shape == family.latent_shape and torch.isfinite(eager).all() and eager.std() > 1e-3
-    assert torch.equal(sample(model, family, steps=1), sample(model, family, steps=1)), "eager is not deterministic"
-    breaks = dynamo_graph_breaks()
-
-    # Every default: choose=auto, cold kinds compiled by a child process while the blocks run eagerly.
-    auto = engine.compile_model(model, engine.CompileOptions())
-    assert_close_to_eager(sample(auto, family), eager, f"{family.name}: defaults, first sampling")
-    assert engine.background.BACKGROUND.wait(timeout=900), "the background compile did not finish"
-    assert_close_to_eager(sample(auto, family), eager, f"{family.name}: defaults, with the child's graphs")
-    kinds = own_kinds(engine, auto, "auto")
-    assert kinds, "Compile Model found no blocks to compile"
-    labels = [k["kind"] for k in kinds]
-    assert len(set(labels)) == len(labels), f"two kinds share a label: {labels}"
-    assert not [k for k in kinds if k["background"]["state"] == "failed"], kinds
-
-    # choose=always compiled: compiled from the first call (the same graphs: choose is not part of the key).
-    always = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
-    assert_close_to_eager(sample(always, family), eager, f"{family.name}: always compiled")
-    always_kinds = own_kinds(engine, always, "always compiled")
-    assert all(k["compiles"] >= 1 for k in always_kinds), always_kinds
-    # Each kind is one graph: no per-call read of free memory by ComfyUI's CPU attention (replaced inside compiled
-    # blocks, also where a block takes its transformer_options through **kwargs, as SD3's does), nothing else.
-    assert dynamo_graph_breaks() == breaks, f"{family.name}: a compiled block broke into several graphs"
-    frames = dynamo_frames()
-    assert_close_to_eager(sample(always, family), eager, f"{family.name}: always compiled, repeat")
-    assert_close_to_eager(sample(auto, family), eager, f"{family.name}: defaults, repeat")
-    assert dynamo_frames() == frames, "the repeat compiled again"
-
-    # Prompt length (77, 154, 231 tokens) and latent size: at most one more compile per kind and call variant
-    # each, then none. (A variant is a way the model calls a kind apart from sizes: Wan's first block gets its
-    # input transposed, the others do not; HunyuanVideo's token refiner is called with and without a mask.)
-    sweeps = ("tokens", "latent_shape") if os.environ.get("ACCEL_ALL_SWEEPS") else SWEEPS.get(family.name, ())
-    if not sweeps:
-        return
-    graphs = sum(k["call_variants"] for k in always_kinds)
-    tokens = [family.tokens, 2 * family.tokens, 3 * family.tokens]
-    shape = family.latent_shape
-    sizes = [shape, (*shape[:-2], shape[-2] + 8, shape[-1] + 8), (*shape[:-2], shape[-2] + 8, shape[-1] + 16)]
-    for name, values in (("tokens", tokens), ("latent_shape", sizes)):
-        if name not in sweeps:
-            continue
-        first = sweep(always, family, **{name: values})
-        allowed = graphs + EXTRA_SWEEP_COMPILES.get((family.name, name), 0)
-        assert first <= allowed, f"{family.name}: the {name} sweep compiled {first} times for {graphs} call variants"
-        assert sweep(always, family, **{name: values}) == 0, f"{family.name}: the repeated {name} sweep compiled"
-    out = sample(always, family, tokens=tokens[-1], latent_shape=sizes[-1])
-    assert_close_to_eager(out, sample(model, family, tokens=tokens[-1], latent_shape=sizes[-1]),
-                          f"{family.name}: after the sweeps")
-
-
-# The other options on two small DiT families, each option once and whole-model scope on both (each option makes
-# kinds of its own, so each compiles anew; SD3's dynamic graphs alone took 80 s here).
-OPTION_CASES = (("sd3", {"dynamic": "static"}), ("wan21", {"dynamic": "dynamic"}),
-                ("sd3", {"scope": "whole model"}), ("wan21", {"scope": "whole model"}))
-
-
-@pytest.mark.parametrize("name, options", OPTION_CASES,
-                         ids=[f"{n}-{'-'.join(o.values()).replace(' ', '_')}" for n, o in OPTION_CASES])
-def test_compile_model_options_on_dit_families(engine, comfy_nodes, name, options):
-    family = next(f for f in FAMILIES if f.name == name)
-    model = load(comfy_nodes, family)
-    eager = sample(model, family)
-    compiled = engine.compile_model(model, engine.CompileOptions(choose="always compiled", **options))
-    frames = dynamo_frames()
-    assert_close_to_eager(sample(compiled, family), eager, f"{name} with {options}")
-    assert dynamo_frames() > frames, f"{name} with {options} compiled nothing"
-    frames = dynamo_frames()
-    assert_close_to_eager(sample(compiled, family), eager, f"{name} with {options}, repeat")
-    assert dynamo_frames() == frames, f"{name} with {options}: the repeat compiled again"
+@pytest.mark.parametrize("family", IMAGE_FAMILIES, ids=lambda f: f.name)
+def test_compile_model_on_every_image_family(engine, comfy_nodes, family):
+    check_compile_model_on_family(engine, comfy_nodes, family)

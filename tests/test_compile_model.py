@@ -334,8 +334,9 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
     """choose="auto" in a new install (an empty compile cache, in a fresh process): the first sampling compiles
     nothing in the sampling process and equals eager (to its last bits), while a child process compiles the kinds;
     a model with other options sampled meanwhile queues its kinds for a second child. Once the children are done,
-    the next samplings load every one of their graphs from the persistent cache (torch's own hit counters, no
-    miss: the children compiled what this process asks for), and later samplings compile nothing. A new input
+    every one of their graphs loads from the persistent cache (torch's own hit counters, no miss: the children
+    compiled what this process asks for): on the CPU before the next sampling, between prompts (preload.py),
+    elsewhere in it; later samplings compile nothing. A new input
     shape (longer prompt, wider latent) goes the same way: eager while a child compiles it, then loaded, then
     free. Outputs stay within the compiled tolerance of eager. The three jobs go to one child, which waits for
     the next."""
@@ -351,14 +352,19 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
     def ran_eagerly(sampling) -> bool:
         return sampling["max_abs_diff"] <= 1e-5 * sampling["eager_max_abs"]
 
-    # On a few-core CPU (CI's has 2) the first job waits for the sampling run to end (its start would take the
-    # sampler's cores), then starts at once; with more cores it starts during the run.
-    during, after = result["background_during"]["while compiling"], result["background_after"]["while compiling"]
-    if engine.background.hold_while_sampling("cpu"):
-        assert during["running"] is None and during["held_until_sampling_ends"], during
+    # On a few-core CPU (CI's has 2) the first job waits while the sampler runs, and still when the sampler
+    # returns (the rest of a prompt, its VAE decode, would share the cores with the child's start), then starts
+    # once the process is idle, with nothing asking for it; with more cores it starts during the run.
+    label = "while compiling"
+    during, at_return = result["background_during"][label], result["background_at_return"][label]
+    if engine.background.hold_until_idle("cpu"):
+        for state in (during, at_return):
+            assert state["running"] is None and state["held_until_idle"] and state["busy"], state
     else:
-        assert during["running"] is not None and not during["held_until_sampling_ends"], during
-    assert after["running"] is not None and not after["held_until_sampling_ends"], after
+        assert during["running"] is not None and not during["held_until_idle"], during
+    assert result["idle_release_s"][label] is not None, "held work never started in an idle process"
+    after = result["background_after"][label]
+    assert after["running"] is not None and not after["held_until_idle"], after
     for sampling in (while_compiling, queued):
         assert sampling["frames"] == 0, f"{sampling['label']}: compiled in the sampling process"
         assert ran_eagerly(sampling), f"{sampling['label']}: blocks waiting did not run eagerly: {sampling}"
@@ -372,9 +378,17 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
     for kind in kinds:  # kinds too small to matter were never sent to a child
         if kind["background"]["state"] != "done":
             assert kind["path"] == "eager" and "not worth compiling" in kind["reason"], kind
-    for sampling in (after_child, other_after):  # each loads its own child's graphs: hits only
-        assert sampling["frames"] >= len(jobs[0]["kinds"]), sampling
-        assert sampling["fx_graph_hits"] == sampling["frames"] and sampling["fx_graph_misses"] == 0, sampling
+    # The children's graphs load from the persistent cache (hits only): on the CPU while the process waits for
+    # them, between prompts (preload.py), so the samplings after compile nothing; elsewhere in those samplings.
+    preloads = engine.background.preload.enabled("cpu")
+    loads = [result["wait_counters"]] if preloads else [after_child, other_after]
+    for loading in loads:
+        assert loading["frames"] >= len(jobs[0]["kinds"]), loading
+        assert loading["fx_graph_hits"] == loading["frames"] and loading["fx_graph_misses"] == 0, loading
+    if preloads:
+        assert after_child["frames"] == other_after["frames"] == 0, "a sampling after the preload compiled"
+        loaded = result["stats"]["background"]["preload"]["loaded"]
+        assert sorted(k["kind"] for k in loaded) == sorted(jobs[0]["kinds"] + jobs[1]["kinds"]), loaded
     assert warm["frames"] == 0, "a sampling after the graphs were loaded compiled again"
     for sampling in (after_child, warm, other_after):
         assert sampling["max_abs_diff"] <= 2e-5 * sampling["eager_max_abs"], sampling
@@ -389,8 +403,11 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
     assert len(new_jobs) == 1 and new_jobs[0]["returncode"] == 0 and not new_jobs[0]["failed"], new_jobs
     every_job = result["new_shape_stats"]["background"]["finished"]
     assert len({j["pid"] for j in every_job}) == 1, f"the jobs did not share one waiting child: {every_job}"
-    assert new_after["frames"] >= 1, new_after
-    assert new_after["fx_graph_hits"] == new_after["frames"] and new_after["fx_graph_misses"] == 0, new_after
+    new_load = result["new_shape_wait_counters"] if preloads else new_after
+    assert new_load["frames"] >= 1, new_load
+    assert new_load["fx_graph_hits"] == new_load["frames"] and new_load["fx_graph_misses"] == 0, new_load
+    if preloads:
+        assert new_after["frames"] == 0, "the sampling after the new shape's preload compiled"
     assert new_warm["frames"] == 0, "the new shape compiled again after its graph was loaded"
     for sampling in (new_after, new_warm):
         assert sampling["max_abs_diff"] <= 2e-5 * sampling["eager_max_abs"], sampling
@@ -497,12 +514,14 @@ def test_one_child_takes_job_after_job_until_it_is_idle(engine, tmp_path, monkey
 VAE_BACKGROUND_PROBE = Path(__file__).with_name("vae_background_probe.py")
 
 
-def test_compile_vae_defaults_compile_off_the_first_decode(tmp_path):
+def test_compile_vae_defaults_compile_off_the_first_decode(engine, tmp_path):
     """Compile VAE with its defaults in a new install (an empty compile cache, a fresh process): the first decode
-    compiles nothing in the process and equals eager, while the background child compiles the VAE's kind; the
-    decodes after it load the child's graphs from the persistent cache (torch's hit counters, no miss) and stay
-    within the compiled tolerance of eager. Then a restart (a new process on that cache): no child, the first
-    decode again eager (on the CPU the kind waits for inductor's CPU checks, run in a thread), then loaded."""
+    compiles nothing in the process and equals eager, while the background child compiles the VAE's kind (on a
+    CPU with few cores the child starts once the process is idle after the decode, not beside it); the child's
+    graphs load from the persistent cache (torch's hit counters, no miss; on the CPU between decodes, while the
+    process waits for the child), and the decodes after it stay within the compiled tolerance of eager. Then a
+    restart (a new process on that cache): no child, the first decode again eager (on the CPU the kind waits for
+    inductor's CPU checks, run in a thread), then loaded."""
     env = {**os.environ, "ACCEL_CACHE_DIR": str(tmp_path / "cache")}
 
     def run_probe() -> dict:
@@ -511,10 +530,11 @@ def test_compile_vae_defaults_compile_off_the_first_decode(tmp_path):
         assert proc.returncode == 0, proc.stderr[-4000:]
         return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
-    def assert_loaded_then_warm(later: list[dict]) -> None:
-        loaded = sum(d["frames"] for d in later)
-        assert loaded >= 1 and sum(d["fx_graph_hits"] for d in later) == loaded, later
-        assert sum(d["fx_graph_misses"] for d in later) == 0, later
+    def assert_loaded_then_warm(later: list[dict], wait: dict | None = None) -> None:
+        loads = [wait, *later] if wait else later
+        loaded = sum(d["frames"] for d in loads)
+        assert loaded >= 1 and sum(d["fx_graph_hits"] for d in loads) == loaded, loads
+        assert sum(d["fx_graph_misses"] for d in loads) == 0, loads
         assert later[-1]["frames"] == 0, "a decode after the graphs were loaded compiled again"
         for decode in later:
             assert decode["max_abs_diff"] <= 2e-5 * decode["eager_max_abs"], decode
@@ -523,10 +543,15 @@ def test_compile_vae_defaults_compile_off_the_first_decode(tmp_path):
     first, *later = result["decodes"]
     assert first["frames"] == 0, "the first decode compiled in the prompt's process"
     assert first["max_abs_diff"] <= 1e-5 * first["eager_max_abs"], f"the first decode did not run eagerly: {first}"
+    if engine.background.hold_until_idle("cpu"):
+        assert result["at_return"]["running"] is None and result["at_return"]["held_until_idle"], result["at_return"]
+    assert result["idle_release_s"] is not None, "the held VAE job never started in an idle process"
     assert result["waited"], "the background compile did not finish"
     assert len(result["jobs"]) == 1 and result["jobs"][0]["returncode"] == 0 and not result["jobs"][0]["failed"]
     assert [k["background"]["state"] for k in result["kinds"]] == ["done"], result["kinds"]
-    assert_loaded_then_warm(later)
+    assert_loaded_then_warm(later, result["wait_counters"])
+    if engine.background.preload.enabled("cpu"):  # loaded while the process waited, between prompts
+        assert result["wait_counters"]["frames"] >= 1 and later[0]["frames"] == 0, (result["wait_counters"], later)
 
     restart = run_probe()
     first, *later = restart["decodes"]
@@ -534,4 +559,4 @@ def test_compile_vae_defaults_compile_off_the_first_decode(tmp_path):
     assert first["frames"] == 0 and first["max_abs_diff"] <= 1e-5 * first["eager_max_abs"], first
     (kind,) = restart["kinds"]
     assert kind["background"]["state"] == "not needed" and "CPU checks" in kind["background"]["reason"], kind
-    assert_loaded_then_warm(later)
+    assert_loaded_then_warm(later, restart["wait_counters"])

@@ -34,7 +34,7 @@ def main() -> None:
 def decode_and_report(engine) -> dict:
     import nodes
     import torch
-    from compile_helpers import dynamo_frames
+    from compile_helpers import dynamo_frames, wait_for_idle_release
 
     (vae,) = nodes.VAELoader().load_vae("taesd")
     latent = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
@@ -50,11 +50,17 @@ def decode_and_report(engine) -> dict:
                         "max_abs_diff": (out - eager).abs().max().item(), "eager_max_abs": eager.abs().max().item()})
 
     decode("first")
+    at_return = engine.background.BACKGROUND.stats()
+    idle_release_s = wait_for_idle_release(engine)  # as a server between prompts: nothing asks for the child
+    before = {"frames": dynamo_frames(), **engine.kinds.disk_cache_counters()}
     waited = engine.background.BACKGROUND.wait(timeout=900)
+    after = {"frames": dynamo_frames(), **engine.kinds.disk_cache_counters()}
+    wait_counters = {k: after[k] - before[k] for k in after}  # on the CPU the child's graphs load in the wait
     for label in ("after the child", "warm", "warm again"):
         decode(label)
     stats = engine.REGISTRY.stats()
-    return {"decodes": decodes, "waited": waited, "jobs": engine.background.BACKGROUND.stats()["finished"],
+    return {"decodes": decodes, "waited": waited, "wait_counters": wait_counters, "at_return": at_return,
+            "idle_release_s": idle_release_s, "jobs": engine.background.BACKGROUND.stats()["finished"],
             "kinds": [{"kind": k["kind"], "background": k["background"], "path": k["path"]} for k in stats["kinds"]]}
 
 

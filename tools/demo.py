@@ -73,11 +73,12 @@ def wait_for_background_compile(server: ComfyServer, timeout: float = 900.0) -> 
     for it so that the second run shows the compiled blocks (a user's next prompt would pick them up as well)."""
     start = time.perf_counter()
     background = server.get_json("/accel/stats")["compile"]["background"]
-    if not background["running"]:
+    if not background["busy"]:
         return
-    print(f"\nbackground compile of {', '.join(background['running']['kinds'])}: waiting for it ...")
-    while background["running"] and time.perf_counter() - start < timeout:
-        time.sleep(2)
+    kinds = (background["running"] or {}).get("kinds") or background["held_until_idle"] or ["kinds in the cache"]
+    print(f"\nbackground compile of {', '.join(kinds)}: waiting for it ...")
+    while background["busy"] and time.perf_counter() - start < timeout:  # held work starts now: the server idles
+        time.sleep(1)
         background = server.get_json("/accel/stats")["compile"]["background"]
     for job in background["finished"]:
         peak = f", peak RSS {job['peak_rss_mib']} MiB" if job.get("peak_rss_mib") else ""

@@ -96,6 +96,9 @@ def _scoped_env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
+_ONE_SCOPE_AT_A_TIME = threading.RLock()
+
+
 @contextlib.contextmanager
 def _own_artifact_record() -> Iterator[object | None]:
     """torch's Mega-Cache record, fresh for this block: what it compiles or hits is recorded apart from the rest
@@ -129,18 +132,21 @@ class EnvironmentCache:
     @contextlib.contextmanager
     def compiling(self, ident: str, label: str) -> Iterator[None]:
         """Wrap one of the pack's compiled calls: torch's caches read and write this environment's directory and
-        whatever the call compiles is saved as the artifacts of compile key `ident` (see key_id)."""
+        whatever the call compiles is saved as the artifacts of compile key `ident` (see key_id). One such call
+        at a time in the process: the scope sets a process-wide variable and torch's process-wide artifact
+        record, and a preload compiles in a thread of its own (compile/background/preload.py)."""
         if not self.check_usable():
             yield
             return
-        self._load(ident)
-        with _scoped_env("TORCHINDUCTOR_CACHE_DIR", str(self.inductor_dir)), _own_artifact_record() as record:
-            from torch._dynamo.utils import counters
+        with _ONE_SCOPE_AT_A_TIME:
+            self._load(ident)
+            with _scoped_env("TORCHINDUCTOR_CACHE_DIR", str(self.inductor_dir)), _own_artifact_record() as record:
+                from torch._dynamo.utils import counters
 
-            frames = counters["frames"]["ok"]
-            yield
-            if record is not None and counters["frames"]["ok"] != frames:
-                self._save(ident, label, record)
+                frames = counters["frames"]["ok"]
+                yield
+                if record is not None and counters["frames"]["ok"] != frames:
+                    self._save(ident, label, record)
 
     def check_usable(self) -> bool:
         if self.usable is None:

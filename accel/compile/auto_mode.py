@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache import COMPILE_CACHE
-from .background import BACKGROUND, SETTLED_STATES, hold_while_sampling
+from .background import BACKGROUND, SETTLED_STATES, hold_until_idle
 from .kinds import KindEntry
 from .saved_shares import save_shares
 
@@ -211,7 +211,7 @@ def _launch_background(captures: list, device_type: str) -> None:
         if capture not in wanted:
             capture.entry.background.not_needed(capture.entry.reason)
     BACKGROUND.launch(wanted, COMPILE_CACHE.environment(device_type).dir,  # kinds it cannot send: compiled here
-                      hold=hold_while_sampling(device_type))
+                      hold=hold_until_idle(device_type))
 
 
 def _served(entries: list[KindEntry]) -> tuple[int, Counter]:

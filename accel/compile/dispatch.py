@@ -12,7 +12,9 @@ import torch
 
 from .attention import compiled_block_options
 from .auto_mode import CallMode, CallPlan
-from .background import Capture
+from .background import Capture, preload
+from .background.preload import MAX_NOTED_CALLS, PRELOADER
+from .background.state import BackgroundState
 from .blocks import BlockSite, block_safe_options, whole_model_safe_options
 from .kinds import KindEntry, input_signature, wait_for_device
 
@@ -39,6 +41,22 @@ def run_on_chosen_path(entry: KindEntry, block, args: tuple, kwargs: dict, devic
         out = timed(lambda: entry.run_eager(block, args, kwargs, TIMING_EAGER_SIDE), seconds, side, device_type)
     choice.record(side, seconds[side])
     return out
+
+
+def note_for_preload(entry: KindEntry, block, attribute: str, make_call) -> None:
+    """A kind found in the persistent cache runs eagerly until inductor's CPU checks ran: note this call's input
+    layouts (`make_call()`'s, each new signature up to a few), to load its graphs from them at the next idle
+    moment once the checks are done (background/preload.py), not in a prompt."""
+    if entry.background.state is not BackgroundState.AWAITING_CPU_CHECKS or not preload.enabled(entry.device_type):
+        return
+    capture = PRELOADER.kept(entry)
+    if capture is not None and len(capture.calls) >= MAX_NOTED_CALLS:
+        return
+    if capture is None:
+        capture = Capture(entry, block, attribute, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        PRELOADER.keep(capture)
+    call_args, call_kwargs = make_call()
+    capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
 
 
 def timed(run, into: dict, key, device_type: str):
@@ -137,11 +155,12 @@ class BlockDispatcher:
         kind that must be compiled cold is captured (its inputs' layouts) for the child process."""
         plan, entry = self.plan, self.entry
         capture = plan.captures.get(entry.key)
-        if capture is None:
-            if entry.background.waiting:
-                return True
-            if not entry.needs_background():
-                return entry.background.waiting  # found in the cache, waiting for the CPU checks
+        if capture is None and (entry.background.waiting or not entry.needs_background()):
+            if entry.background.state is BackgroundState.AWAITING_CPU_CHECKS:  # found in the cache: noted
+                make_call = self._make_call(args, kwargs)
+                if make_call is not None:
+                    note_for_preload(entry, self.site.module, self.site.attribute, make_call)
+            return entry.background.waiting
         make_call = self._make_call(args, kwargs)
         if make_call is None:  # patched in this call: capture a later block of the kind
             return entry.background.waiting

@@ -1,7 +1,8 @@
 """Hooking compiled blocks into a ComfyUI ModelPatcher through its public wrapper mechanism.
 
-`compile_model` returns a clone with an APPLY_MODEL wrapper (and an OUTER_SAMPLE one that only starts the
-background compile jobs held while the sampler ran). For the duration of each apply_model call the
+`compile_model` returns a clone with an APPLY_MODEL wrapper (and an OUTER_SAMPLE one that only marks the
+sampling run, so background work held for an idle moment never starts inside it:
+background/idle_gate.py). For the duration of each apply_model call the
 wrapper gives every repeated block an instance-level `forward` (dispatch.BlockDispatcher) that carries out the
 call's plan (auto_mode.plan_call), and removes it afterwards. Nothing global is patched and the model is left as
 it was between calls, so ComfyUI can load, partially load, unload and patch it (LoRA) as usual.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 
 from .auto_mode import finish_call, inputs_key, plan_call, start_call
-from .background import BACKGROUND
+from .background import IDLE_GATE
 from .blocks import cannot_compile_reason
 from .dispatch import BlockDispatcher
 from .kinds import wait_for_device
@@ -35,19 +36,20 @@ def compile_model(patcher, options: CompileOptions):
     model = patcher.clone()
     wrappers = comfy.patcher_extension.WrappersMP
     for kind, wrapper in ((wrappers.APPLY_MODEL, CompiledApplyModel(options)),
-                          (wrappers.OUTER_SAMPLE, release_background_after_sampling)):
+                          (wrappers.OUTER_SAMPLE, mark_sampling_run)):
         model.remove_wrappers_with_key(kind, WRAPPER_KEY)  # compiling twice replaces, never stacks
         model.add_wrapper_with_key(kind, WRAPPER_KEY, wrapper)
     return model
 
 
-def release_background_after_sampling(executor, *args, **kwargs):
-    """OUTER_SAMPLE: background jobs held while the sampler ran (few CPU cores, background/parent.py) start
-    when the sampling run ends, however it ends."""
+def mark_sampling_run(executor, *args, **kwargs):
+    """OUTER_SAMPLE: background work held for an idle moment (few CPU cores) waits while the sampler runs; its
+    end, however it ends, lets the gate look for the idle moment after it."""
+    IDLE_GATE.sampling_started()
     try:
         return executor(*args, **kwargs)
     finally:
-        BACKGROUND.release_held()
+        IDLE_GATE.sampling_ended()
 
 
 class CompiledApplyModel:

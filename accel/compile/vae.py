@@ -17,10 +17,9 @@ import copy
 import torch
 
 from ..cache import COMPILE_CACHE
-from .background import BACKGROUND, Capture
-from .background.cpu_checks import CPU_CHECKS
+from .background import BACKGROUND, Capture, hold_until_idle
 from .blocks import BlockKind
-from .dispatch import IN_BACKGROUND, run_on_chosen_path
+from .dispatch import IN_BACKGROUND, note_for_preload, run_on_chosen_path
 from .kinds import KindEntry, input_signature
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
@@ -57,18 +56,18 @@ class CompiledMethod:
 
     def _compiling_in_background(self, entry: KindEntry, args: tuple, kwargs: dict, device) -> bool:
         """True while this VAE kind compiles in a child, and for the call that sends it there (its first, when
-        the kind is cold). Not held for a sampling run: the VAE runs after the sampler."""
+        the kind is cold). On a CPU with few cores the child starts once this process is idle (the decode and
+        the rest of the prompt done: background/idle_gate.py), as the sampler's do."""
         BACKGROUND.poll()  # a finished child hands the kind back here
-        if entry.background.waiting:
-            return True
-        if not entry.needs_background():
-            if entry.background.waiting:  # found in the cache, waiting for the CPU checks: the sampler is done
-                CPU_CHECKS.release()
+        if entry.background.waiting or not entry.needs_background():
+            # found in the cache and waiting for the CPU checks: noted, to load between prompts once they ran
+            note_for_preload(entry, self.module, self.method, lambda: (args, kwargs))
             return entry.background.waiting
         capture = Capture(entry, self.module, self.method, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         entry.background.capture()
         capture.add_call(input_signature(args, kwargs), args, kwargs)
-        return BACKGROUND.launch([capture], COMPILE_CACHE.environment(device.type).dir)
+        return BACKGROUND.launch([capture], COMPILE_CACHE.environment(device.type).dir,
+                                 hold=hold_until_idle(device.type))
 
 
 def compile_vae(vae, options: CompileOptions):

@@ -4,12 +4,15 @@
 - skeleton.py: what is sent, a block's structure and tensor layouts, never the user's weights;
 - parent.py: captures and jobs in ComfyUI's process, one job at a time, sent to a child that waits for the next
   until it has been idle a while (`BACKGROUND`);
+- idle_gate.py: on a CPU with few cores, held work starts at this process's next idle moment (`IDLE_GATE`);
+- cpu_checks.py: inductor's per-process CPU checks in a thread, before kinds found in the cache load;
 - child.py: `python -m accel compile-worker DIR`, imported only there (it needs the registry, which needs this).
 """
-from .parent import BACKGROUND, BackgroundCompiler, Capture, hold_while_sampling
+from .idle_gate import IDLE_GATE
+from .parent import BACKGROUND, BackgroundCompiler, Capture, hold_until_idle
 from .skeleton import CaptureError, dump_skeleton, load_skeleton
 from .state import SETTLED_STATES, WAITING_STATES, BackgroundState, KindBackground
 
-__all__ = ["BACKGROUND", "BackgroundCompiler", "Capture", "hold_while_sampling",
+__all__ = ["BACKGROUND", "BackgroundCompiler", "Capture", "IDLE_GATE", "hold_until_idle",
            "CaptureError", "dump_skeleton", "load_skeleton",
            "BackgroundState", "KindBackground", "SETTLED_STATES", "WAITING_STATES"]

@@ -10,10 +10,10 @@ first prompt took 19.5 s where eager took 1.5 s (bench/report.py, 2026-11-23).
 
 So on the CPU, with choose=auto and a background compile:
 - a kind found in the persistent cache waits for the checks (its blocks run eagerly, like a kind a child
-  compiles), then loads at its next call;
-- the checks start in a daemon thread when the sampling run ends on a CPU with at most 4 cores (the sampler
-  needs them; as held background jobs), at once elsewhere; also when kinds go to a child, so the process has
-  them done when the child's graphs come back.
+  compiles), then loads at the next idle moment (preload.py), or at its next call if that comes first;
+- the checks start in a daemon thread at this process's next idle moment on a CPU with at most 4 cores (the
+  sampler and the VAE decode need them; as held background jobs, idle_gate.py), at once elsewhere; also when
+  kinds go to a child, so the process has them done when the child's graphs come back.
 torch keeps each check's answer for the process (functools caches), so the compile that follows reuses them;
 the thread only calls torch's own check. The checks are mostly waiting for those new processes, so the thread
 holds Python's lock little. On a GPU nothing waits (its kernels are not C++).
@@ -24,6 +24,8 @@ import logging
 import threading
 import time
 
+from .idle_gate import IDLE_GATE
+from .preload import PRELOADER
 from .state import KindBackground
 
 log = logging.getLogger("comfyui_accel")
@@ -42,13 +44,15 @@ class CpuChecks:
         self.error: str | None = None
 
     def want(self, hold: bool) -> None:
-        """This process will need the checks: run them now, or (`hold`) when the sampling run ends."""
+        """This process will need the checks: run them now, or (`hold`) at its next idle moment."""
         with self._lock:
             if self._done.is_set() or self._thread is not None:
                 return
             self._wanted = True
             if not hold:
                 self._start()
+                return
+        IDLE_GATE.when_idle(self.release)
 
     def wait_for_them(self, background: KindBackground, hold: bool) -> bool:
         """`background`'s kind waits for the checks; False when they are done already (it loads now)."""
@@ -61,7 +65,7 @@ class CpuChecks:
         return True
 
     def release(self) -> None:
-        """The sampling run ended: start the checks if they were held for it."""
+        """Start the checks if they were held for an idle moment (or someone waits for them)."""
         with self._lock:
             if self._wanted and self._thread is None and not self._done.is_set():
                 self._start()
@@ -77,7 +81,7 @@ class CpuChecks:
 
     def stats(self) -> dict:
         state = ("done" if self._done.is_set() else "running" if self._thread is not None
-                 else "held until the sampling run ends" if self._wanted else "not needed yet")
+                 else "held until the process is idle" if self._wanted else "not needed yet")
         return {"state": state, "seconds": self.seconds, "error": self.error,
                 "kinds_waiting": [b.label for b in self._waiting]}
 
@@ -101,6 +105,7 @@ class CpuChecks:
             waiting, self._waiting = self._waiting, []
         for background in waiting:
             background.cpu_checks_done()
+        PRELOADER.cpu_checks_done()
         log.info("[Accel] inductor's CPU checks done in %.1f s off the prompt's path", self.seconds)
 
 

@@ -4,8 +4,9 @@ choose="auto": when a kind must be compiled and the persistent cache holds nothi
 goes on eagerly and one block of that kind is captured with the layouts of its call's inputs. After the call, a
 child process (`python -m accel compile-worker DIR`, child.py) compiles the captured kinds into the persistent
 compile cache, the same way a compiled call here would. Meanwhile those blocks run eagerly. Once the child is
-done, this process's next call compiles each kind again, which now reads torch's on-disk caches (a fraction of a
-cold compile, docs/benchmarks/cold_start.md).
+done, this process compiles each kind again, which now reads torch's on-disk caches (a fraction of a cold
+compile, docs/benchmarks/cold_start.md): CPU kinds at this process's next idle moment, between prompts
+(preload.py), others at the kind's next call.
 
 The child stays for later jobs (one at a time, sent as a job directory per line on its stdin) until it has been
 idle for `ACCEL_BACKGROUND_IDLE_SECONDS` (0: one child per job): each new child pays torch's and ComfyUI's imports
@@ -15,11 +16,12 @@ after a GPU job: there a waiting child would hold a CUDA context (GPU memory the
 CPU probe to save. This process alone decides when it goes (it closes the child's stdin), so a job is never sent
 to a child that is leaving.
 
-On a CPU machine with few cores, a job found during a sampling run is held until that run ends (the compile
-wrapper's OUTER_SAMPLE calls `release_held`): the child's start (imports and torch's CPU checks, new Python
-processes) beside the sampler took the sampler's cores and memory bandwidth even in the idle scheduling class,
-so it starts between prompts instead. The blocks run eagerly meanwhile, as they would while it compiles. On a
-GPU, or with more cores, or with `ACCEL_BACKGROUND_AT_ONCE=1`, it starts at once.
+On a CPU machine with few cores, a job found during a sampling run is held until this process is idle after
+that run (idle_gate.py: the prompt's VAE decode done, ComfyUI waiting for the next prompt): the child's start
+(imports and torch's CPU checks, new Python processes) beside the sampler took the sampler's cores and memory
+bandwidth even in the idle scheduling class, and beside the decode it made the first prompt 1.25x eager's. The
+blocks run eagerly meanwhile, as they would while it compiles. On a GPU, or with more cores, or with
+`ACCEL_BACKGROUND_AT_ONCE=1`, it starts at once.
 
 A kind already compiled that meets inputs of a new shape (a longer prompt, another size) would compile again in
 the sampler's path: that call is captured too, after the kind's first call's layouts, so the child makes the same
@@ -49,6 +51,8 @@ from typing import Any
 import torch
 
 from .cpu_checks import CPU_CHECKS
+from .idle_gate import IDLE_GATE
+from .preload import PRELOADER
 from .skeleton import CaptureError, dump_skeleton
 
 log = logging.getLogger("comfyui_accel")
@@ -87,8 +91,8 @@ class Capture:
             self.error = str(err)
 
 
-AT_ONCE_ENV = "ACCEL_BACKGROUND_AT_ONCE"  # 1: never hold a job until the sampling run ends
-FEW_CORES = 4  # CPU machines with at most this many cores hold jobs while the sampler runs
+AT_ONCE_ENV = "ACCEL_BACKGROUND_AT_ONCE"  # 1: never hold a job for an idle moment
+FEW_CORES = 4  # CPU machines with at most this many cores hold jobs for an idle moment
 IDLE_ENV = "ACCEL_BACKGROUND_IDLE_SECONDS"
 DEFAULT_IDLE_SECONDS = {"cpu": 600.0}  # any other device: 0
 DONE_FILE = "done.json"  # the child writes it last for each job: {"returncode": 0 or 1, "error": ...}
@@ -136,7 +140,7 @@ class BackgroundCompiler:
         self._worker: Worker | None = None
         self._idle_timer: threading.Timer | None = None
         self._queue: list[tuple[list[dict], list, Path]] = []  # (items, entries, environment dir) waiting
-        self._held: list[tuple[list[dict], list, Path]] = []  # the same, waiting for the sampling run to end
+        self._held: list[tuple[list[dict], list, Path]] = []  # the same, waiting for an idle moment
         self.history: list[dict] = []  # one record per finished job, for stats
 
     @property
@@ -144,9 +148,9 @@ class BackgroundCompiler:
         return self._job is not None or bool(self._queue) or bool(self._held)
 
     def launch(self, captures: list[Capture], env_dir: Path, hold: bool = False) -> bool:
-        """Send `captures` to a child (now, when the running one ends, or with `hold` when `release_held` is
-        called): their kinds become PENDING. False when none could be sent (each such kind compiles here at its
-        next call instead, as logged)."""
+        """Send `captures` to a child (now, when the running one ends, or with `hold` at this process's next idle
+        moment, idle_gate.py): their kinds become PENDING. False when none could be sent (each such kind compiles
+        here at its next call instead, as logged)."""
         items, entries = [], []
         for capture in captures:
             entry = capture.entry
@@ -159,6 +163,7 @@ class BackgroundCompiler:
                               "dynamic_dims": sorted(entry.dynamic_dims),
                               "block": dump_skeleton(capture.block), "calls": capture.calls})
                 entries.append(entry)
+                PRELOADER.keep(capture)
             except Exception as err:  # CaptureError, or a block with no tensor to say its device
                 entry.background.failed(f"it cannot be sent to a child process ({err})")
         if not items:
@@ -170,6 +175,7 @@ class BackgroundCompiler:
         with self._lock:
             if hold:
                 self._held.append((items, entries, env_dir))
+                IDLE_GATE.when_idle(self.release_held)
                 return True
             if self._job is not None:
                 self._queue.append((items, entries, env_dir))
@@ -177,9 +183,7 @@ class BackgroundCompiler:
             return self._start(items, entries, env_dir)
 
     def release_held(self) -> None:
-        """The sampling run ended: jobs held for it start (or queue behind the running one), and inductor's CPU
-        checks if they were held for it (cpu_checks.py)."""
-        CPU_CHECKS.release()
+        """Jobs held for an idle moment start (or queue behind the running one)."""
         with self._lock:
             held, self._held = self._held, []
             for job in held:
@@ -202,7 +206,9 @@ class BackgroundCompiler:
             for entry in entries:
                 entry.background.failed(f"the child process could not start ({err})")
             return False
-        self._job = Job(entries, worker, directory, time.perf_counter())
+        self._job = job = Job(entries, worker, directory, time.perf_counter())
+        threading.Thread(target=self._hand_back_when_done, args=(job,), name="accel-background-job",
+                         daemon=True).start()
         log.info("[Accel] Compile Model: compiling %s in the background (pid %d); those blocks run eagerly until "
                  "it is done. ACCEL_DISABLE_BACKGROUND_COMPILE=1 compiles them at their first call instead.",
                  ", ".join(e.kind.label for e in entries), worker.process.pid)
@@ -256,6 +262,16 @@ class BackgroundCompiler:
             self._idle_timer.cancel()
             self._idle_timer = None
 
+    def _hand_back_when_done(self, job: Job) -> None:
+        """Hand the job's kinds back when it ends, also when no call comes to poll (a server between prompts,
+        where they then load: preload.py), but never inside a sampling run: there its next call polls, between
+        two calls, so a kind never changes state within one."""
+        while not job.ended() or IDLE_GATE.sampling:
+            if self._job is not job:
+                return
+            time.sleep(0.25)
+        self.poll()
+
     def poll(self) -> None:
         """If the job has ended, hand its kinds back: cheap enough for every UNet call."""
         job = self._job
@@ -275,7 +291,8 @@ class BackgroundCompiler:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every job (the running one and those queued) is done and its kinds are handed back, and
         kinds found in the cache no longer wait for inductor's CPU checks; False on timeout."""
-        self.release_held()  # whoever waits wants them done, sampling run or not
+        IDLE_GATE.release_now()  # whoever waits wants them done, idle or not (held jobs, the CPU checks)
+        self.release_held()
         deadline = None if timeout is None else time.perf_counter() + timeout
         if not CPU_CHECKS.wait(timeout):
             return False
@@ -284,6 +301,7 @@ class BackgroundCompiler:
                 return False
             time.sleep(0.05)
             self.poll()
+        PRELOADER.run(force=True)  # the child's graphs loaded too (CPU kinds: preload.py)
         return True
 
     def _finish(self, job: Job) -> None:
@@ -308,6 +326,7 @@ class BackgroundCompiler:
                 why = (result or {}).get("failure") or error or f"the child exited with code {returncode}"
                 entry.background.failed(why)
                 failed.append(entry.kind.label)
+        PRELOADER.child_done(job.entries)
         record = {"pid": job.worker.process.pid, "kinds": [e.kind.label for e in job.entries],
                   "wall_seconds": round(wall, 1), "returncode": returncode,
                   "peak_rss_mib": results.get("peak_rss_mib"), "failed": failed}
@@ -330,8 +349,14 @@ class BackgroundCompiler:
                                             "seconds": round(time.perf_counter() - job.started, 1)}
         queued = [e.kind.label for _, entries, _ in self._queue for e in entries]
         held = [e.kind.label for _, entries, _ in self._held for e in entries]
-        return {"running": running, "queued": queued, "held_until_sampling_ends": held,
-                "finished": list(self.history), "cpu_checks": CPU_CHECKS.stats()}
+        checks = CPU_CHECKS.stats()
+        preload = PRELOADER.stats()
+        # busy: something is still to come (a job, kinds waiting for the checks, graphs to load between prompts)
+        busy = bool(running or queued or held or checks["kinds_waiting"] or checks["state"] == "running"
+                    or preload["pending"])
+        return {"busy": busy, "running": running, "queued": queued, "held_until_idle": held,
+                "finished": list(self.history), "cpu_checks": checks, "preload": preload,
+                "idle_gate": IDLE_GATE.stats()}
 
 
 def _device_of(block: torch.nn.Module, args: tuple, kwargs: dict) -> torch.device:
@@ -359,8 +384,9 @@ def _child_setup(env_dir: Path) -> dict:
             "threads": torch.get_num_threads(), "parent": os.getpid(), "env_dir": str(env_dir)}
 
 
-def hold_while_sampling(device_type: str) -> bool:
-    """Whether a job found during a sampling run waits for the run to end: on a CPU machine with few cores."""
+def hold_until_idle(device_type: str) -> bool:
+    """Whether background work waits for an idle moment of this process (idle_gate.py): on a CPU machine with
+    few cores."""
     if os.environ.get(AT_ONCE_ENV, "") not in ("", "0"):
         return False
     return device_type == "cpu" and (os.cpu_count() or 1) <= FEW_CORES

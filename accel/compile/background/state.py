@@ -13,7 +13,8 @@ Every move a kind makes goes through `KindBackground`, so the states and who may
 
 UNDECIDED: not looked at yet. NOT_NEEDED: compiled here (warm, or found in the persistent cache, or too small to
 compile at all). CAPTURED: one of its blocks was captured in this call, sent to a child when the call ends.
-PENDING: a child compiles it. DONE: the child's graphs are in the persistent cache, the next call loads them.
+PENDING: a child compiles it. DONE: the child's graphs are in the persistent cache; this process loads them at
+the kind's next call, or (CPU kinds) before it at an idle moment (preload.py), which changes no state.
 FAILED: it could not be sent or the child failed; it compiles here at its next call.
 NEW_SHAPE_*: the kind runs compiled, and a call with inputs of a new shape (a longer prompt, another size) would
 compile again: a child compiles that graph while calls of the new shape run eagerly, those of shapes already
@@ -106,6 +107,10 @@ class KindBackground:
         new_shape = self.state is BackgroundState.NEW_SHAPE_PENDING
         self.state, self.seconds = BackgroundState.DONE, seconds
         self.reason = f"{'a new input shape ' if new_shape else ''}compiled in a child process in {seconds:.1f} s"
+
+    def preloaded(self, seconds: float) -> None:
+        """This process loaded the child's graphs at an idle moment, before the kind's next call needed them."""
+        self.reason += f"; loaded between prompts in {seconds:.1f} s"
 
     def failed(self, why: str) -> None:
         self.state, self.reason = BackgroundState.FAILED, f"background compile failed: {why}; compiled here"
