@@ -5,7 +5,7 @@ processes share the families (pytest-xdist gives each file to one process).
 With every default (choose=auto, background compile) and with choose=always compiled, the output equals eager
 within the compiled tolerance, the background child's graphs are loaded, the repeat compiles nothing, no
 compiled block breaks into several graphs, and a prompt-length sweep and a size sweep each cost at most one
-compile per kind and call variant, then none (in CI: prompt length on Flux, size on Wan 2.1). Compiles are counted
+compile per kind and call variant, then none (in CI: prompt length on HunyuanVideo, size on Wan 2.1). Compiles are counted
 with Dynamo's own counter, as a change over what each step does.
 """
 from __future__ import annotations
@@ -22,10 +22,11 @@ from tools.family_models import BY_NAME
 IMAGE_FAMILIES = [f for f in FAMILIES if len(f.latent_shape) == 4 or f.name == "qwen_image"]  # Qwen: one frame
 VIDEO_FAMILIES = [f for f in FAMILIES if f not in IMAGE_FAMILIES]
 
-# The sweeps compile dynamic graphs (20-45 s each here). CI runs the prompt-length sweep on an image DiT with
-# double and single blocks (Flux) and the size sweep on a video DiT (Wan 2.1); test_compile_model.py sweeps a
-# UNet's sizes. ACCEL_ALL_SWEEPS=1 runs both sweeps on every family (CI's 30 minutes do not hold them all).
-SWEEPS = {"flux": ("tokens",), "wan21": ("latent_shape",)}
+# The sweeps compile dynamic graphs (20-45 s each here). CI runs the prompt-length sweep on a DiT with double
+# and single blocks and a token refiner (HunyuanVideo: narrow, where Flux's 3072-wide graphs cost a minute more)
+# and the size sweep on Wan 2.1; test_compile_model.py sweeps a UNet's sizes. ACCEL_ALL_SWEEPS=1 runs both
+# sweeps on every family (CI's 30 minutes do not hold them all).
+SWEEPS = {"hunyuan_video": ("tokens",), "wan21": ("latent_shape",)}
 # Measured exceptions to "one compile per kind and call variant": HunyuanVideo's token refiner compiles its
 # dynamic graph twice on the first longer prompt (the second after a guard on an input that is None).
 EXTRA_SWEEP_COMPILES = {("hunyuan_video", "tokens"): 1}
