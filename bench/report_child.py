@@ -29,6 +29,10 @@ from scenarios import BY_NAME, BenchModel, models  # noqa: E402
 from timing import synced_clock  # noqa: E402
 
 STEADY_PROMPTS = 3  # after the prompt that loads the background child's graphs
+# Each steady prompt of a scenario with nodes is followed by the same workflow without them (the loaders' own
+# model and VAE) in the same process: a speed ratio that machine-wide drift between processes cannot skew (on the
+# 2-core test CPU eager's own steady sampling of the small SD1.5 UNet, 6 steps, varied 0.86 to 1.39 s between
+# processes; torch 2.11.0+cu130, ComfyUI 0.3.75, 2026-11-23).
 
 
 def conditioning(family: str):
@@ -70,7 +74,7 @@ class Prompt:
         self.bench, self.model, self.vae = bench, model, vae
         self.positive, self.negative = conditioning(bench.family)
 
-    def run(self, model=None) -> dict:
+    def run(self, model=None, vae=None) -> dict:
         import comfy.sample
         import nodes
         import torch
@@ -85,7 +89,8 @@ class Prompt:
                                       self.positive, self.negative, latent, disable_pbar=True, seed=0,
                                       callback=lambda *a: stamps.append(synced_clock()))
         sampled = synced_clock()
-        image = nodes.VAEDecode().decode(self.vae, {"samples": samples})[0] if self.vae is not None else None
+        vae = vae or self.vae
+        image = nodes.VAEDecode().decode(vae, {"samples": samples})[0] if vae is not None else None
         done = synced_clock()
         return {"sampling_s": sampled - start, "decode_s": done - sampled, "prompt_s": done - start,
                 "step_s": [b - a for a, b in zip(stamps, stamps[1:])], "samples": samples, "image": image}
@@ -134,6 +139,7 @@ def run(scenario_name: str, family: str, phase: str, outputs: Path, quick: bool)
     start = time.perf_counter()
     model = nodes.UNETLoader().load_unet(bench.file, "default")[0]
     vae = nodes.VAELoader().load_vae("taesd")[0] if family == "sd15" else None
+    plain = (model, vae)  # the loaders' outputs, before the scenario's nodes: eager ComfyUI in this process
     for step in scenario.nodes:
         model, vae = apply_node(step, model, vae, pack)
     prompt = Prompt(bench, model, vae)
@@ -148,10 +154,16 @@ def run(scenario_name: str, family: str, phase: str, outputs: Path, quick: bool)
         loading = prompt.run()  # loads what the background child compiled, makes auto mode's choices
         result["second_prompt_s"] = loading["prompt_s"]
         before = frames()
-        steady = [prompt.run() for _ in range(STEADY_PROMPTS)]
+        steady, eager_here = [], []
+        for _ in range(STEADY_PROMPTS):
+            steady.append(prompt.run())
+            if scenario.nodes:  # the same workflow without the pack's nodes, right after, in this process
+                eager_here.append(prompt.run(*plain))
         result["recompiles_steady"] = frames() - before
         result["steady_prompt_s"] = statistics.median(p["prompt_s"] for p in steady)
         result["steady_sampling_s"] = statistics.median(p["sampling_s"] for p in steady)
+        if eager_here:
+            result["steady_eager_here_prompt_s"] = statistics.median(p["prompt_s"] for p in eager_here)
         result["steady_s_per_step"] = result["steady_sampling_s"] / bench.steps
         last = steady[-1]
         result["kind_paths"] = kind_paths(pack)

@@ -7,8 +7,10 @@ from .common import CATEGORY, log
 class DeepCache:
     DISPLAY_NAME = "DeepCache (Accel)"
     CATEGORY = CATEGORY
-    DESCRIPTION = ("Reuses the deep UNet features across sampling steps. Its state is created for each sampling run "
-                   "and dropped after it, so nothing carries over between prompts.")
+    DESCRIPTION = ("Reuses deep features across sampling steps: a UNet's deep skip-branch feature, or a transformer's "
+                   "(Flux, Chroma, SD3, Wan, HunyuanVideo, Qwen-Image, LTX-Video) middle blocks' residual, so that "
+                   "reused steps run only the outer blocks. Its state is created for each sampling run and dropped "
+                   "after it, so nothing carries over between prompts.")
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "apply"
 
@@ -19,7 +21,8 @@ class DeepCache:
             "cache_interval": ("INT", {"default": 3, "min": 1, "max": 1000,
                                        "tooltip": "1 = full compute every step (no caching)."}),
             "cache_depth": ("INT", {"default": 0, "min": 0, "max": 12,
-                                    "tooltip": "Which skip branch stays live; 0 is the shallowest."}),
+                                    "tooltip": "UNet: which skip branch stays live; 0 is the shallowest. Transformer: "
+                                               "how many blocks beyond the first and last stay live at each end."}),
             "start_percent": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01}),
             "end_percent": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01}),
             "schedule": (list(deepcache.SCHEDULES), {"default": "uniform"}),

@@ -32,6 +32,42 @@ from tools.comfy_env import comfyui_version, import_comfyui, load_pack  # noqa: 
 from tools.comfy_server import ComfyServer  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_compile_cache(tmp_path_factory):
+    """Hermetic tests: every test process, and every process a test starts (servers, probes, background
+    children inherit the environment), uses a compile cache of this test run, never the ComfyUI's own
+    `accel_cache/` nor a user's ACCEL_CACHE_DIR. The two test processes share it, as they shared the ComfyUI's
+    before (a kind one compiled, the other loads). The ComfyUI's own cache is left as it was: checked at the end
+    (its files, sizes and times)."""
+    from tools.comfy_env import comfyui_dir
+
+    base = tmp_path_factory.getbasetemp()
+    run_dir = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's, above each process's
+    own = comfyui_dir() / "accel_cache"
+    before = _tree(own)
+    previous = os.environ.get("ACCEL_CACHE_DIR")
+    os.environ["ACCEL_CACHE_DIR"] = str(run_dir / "accel-compile-cache")
+    yield Path(os.environ["ACCEL_CACHE_DIR"])
+    if previous is None:
+        os.environ.pop("ACCEL_CACHE_DIR", None)
+    else:
+        os.environ["ACCEL_CACHE_DIR"] = previous
+    assert _tree(own) == before, f"the tests changed the ComfyUI's own compile cache {own}"
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    if not root.is_dir():
+        return {}
+    found = {}
+    for path in root.rglob("*"):
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        found[str(path.relative_to(root))] = (info.st_size, info.st_mtime_ns)
+    return found
+
+
 def pytest_report_header(config):
     from tools.comfy_env import comfyui_dir
 
@@ -59,6 +95,12 @@ def comfy_nodes(comfy_dir):
 def accel_pack(comfy_dir):
     """The pack as ComfyUI loads it from custom_nodes (its module, with `accel` and `nodes` below it)."""
     return load_pack()
+
+
+@pytest.fixture(scope="session")
+def engine(accel_pack):
+    """The pack's Compile Model engine (accel/compile) as ComfyUI loaded it."""
+    return accel_pack.accel.compile
 
 
 @pytest.fixture(scope="session")

@@ -49,6 +49,9 @@ def test_report_has_a_row_per_scenario_and_ratios_against_eager(report_dir):
             eager = next(r for r in data["runs"] if r["family"] == run["family"] and r["scenario"] == "eager")
             assert run["ratios"]["steady_speedup"] == pytest.approx(
                 eager["steady_prompt_s"] / run["steady_prompt_s"], rel=1e-3), run["ratios"]
+            # and against the same workflow without DeepCache, prompt for prompt in its own process
+            assert run["ratios"]["steady_speedup_same_process"] == pytest.approx(
+                run["steady_eager_here_prompt_s"] / run["steady_prompt_s"], rel=1e-3), run["ratios"]
             assert 0 < run["quality"]["max_rel_error"] < 1.0, run["quality"]
             assert run["background"] is None and run["compiles_total"] == 0, run
     report = (report_dir / "REPORT.md").read_text()
@@ -56,7 +59,7 @@ def test_report_has_a_row_per_scenario_and_ratios_against_eager(report_dir):
     rows = [line for line in report.splitlines() if line.startswith("| ") and "---" not in line
             and not line.startswith("| scenario")]
     assert len(rows) == len(data["runs"])
-    assert all(line.count("|") == 15 for line in rows), rows
+    assert all(line.count("|") == 16 for line in rows), rows
     assert "deepcache on flux" in report and data["torch"] in report
 
 

@@ -183,6 +183,19 @@ def test_export_and_import_move_the_cache(shared, tmp_path):
     assert out.returncode == 0 and "skipped cpu-000000000000: built for torch 1.0.0" in out.stdout, out.stdout
     assert not (tmp_path / "other").exists() or not any((tmp_path / "other").iterdir())
 
+    # one file altered after export (its manifest hash no longer matches): refused by name, nothing written
+    altered = tmp_path / "altered.zip"
+    with zipfile.ZipFile(exported) as src, zipfile.ZipFile(altered, "w") as dst:
+        victim = [n for n in src.namelist() if n != "manifest.json"][-1]
+        for name in src.namelist():
+            data = src.read(name)
+            dst.writestr(name, data + b"#" if name == victim else data)
+    out = subprocess.run([*cli, "import", str(altered)], cwd=ROOT, capture_output=True, text=True,
+                         env={**env, "ACCEL_CACHE_DIR": str(tmp_path / "altered")})
+    assert out.returncode == 2 and victim in out.stderr and "does not match the manifest's checksum" in out.stderr \
+        and "Nothing was imported" in out.stderr, out.stderr
+    assert not (tmp_path / "altered").exists() or not any((tmp_path / "altered").rglob("*.*")), "a partial import"
+
     # not a cache file at all: a clear error, exit code 2
     bogus = tmp_path / "bogus.zip"
     bogus.write_text("hello")

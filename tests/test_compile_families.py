@@ -11,11 +11,6 @@ import pytest
 from family_compile_checks import IMAGE_FAMILIES, check_compile_model_on_family
 
 
-@pytest.fixture(scope="module")
-def engine(accel_pack):
-    return accel_pack.accel.compile
-
-
 @pytest.mark.parametrize("family", IMAGE_FAMILIES, ids=lambda f: f.name)
 def test_compile_model_on_every_image_family(engine, comfy_nodes, family):
     check_compile_model_on_family(engine, comfy_nodes, family)

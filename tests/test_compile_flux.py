@@ -16,11 +16,6 @@ LORAS = ("accel-flux-lora.safetensors", "accel-flux-lora-2.safetensors")
 
 
 @pytest.fixture(scope="module")
-def engine(accel_pack):
-    return accel_pack.accel.compile
-
-
-@pytest.fixture(scope="module")
 def flux(comfy_nodes):
     return load(comfy_nodes, FLUX)
 
@@ -52,7 +47,8 @@ def test_lora_strengths_and_files_under_compile_equal_eager_and_never_recompile(
 
 def test_a_replaced_dit_block_runs_correctly_and_never_recompiles(engine, flux):
     """Another node replaces a double-stream block (as PuLID-style nodes do through patches_replace "dit"),
-    calling the original block and changing its output: the call runs eagerly and correctly, every step."""
+    calling the original block and changing its output: the model's loop calls the replacement, which calls the
+    block (compiled, as the others); every step is correct and none recompiles."""
     def replace_block(args, extra):
         out = extra["original_block"](args)
         return {"img": out["img"] * 1.01, "txt": out["txt"]}

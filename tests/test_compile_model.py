@@ -19,12 +19,6 @@ from compile_helpers import SMALL_B, apply_model, assert_close_to_eager, dynamo_
 
 
 @pytest.fixture(scope="module")
-def engine(accel_pack):
-    return accel_pack.accel.compile
-
-
-
-@pytest.fixture(scope="module")
 def compiled_small(engine, comfy_nodes):
     """The small model compiled (always the compiled path) and sampled once, with its eager reference."""
     model = load(comfy_nodes)
@@ -455,8 +449,8 @@ def test_a_block_that_cannot_be_sent_to_the_child_compiles_here(engine, comfy_no
     compiler = engine.background.BackgroundCompiler()
     with caplog.at_level("WARNING", logger="comfyui_accel"):
         assert not compiler.launch([capture], tmp_path / "env")
-    assert not compiler.busy and not (tmp_path / "env").exists(), "a child was started for nothing it could use"
-    assert entry.background.state is engine.background.BackgroundState.FAILED and not entry.needs_background()  # compiled here at its next call
+    assert not compiler.has_jobs and not (tmp_path / "env").exists(), "a child was started for nothing it could use"
+    assert entry.background.state is engine.background.BackgroundState.FAILED and not entry.decide_background()  # compiled here at its next call
     assert "cannot be sent to a child process" in entry.background.reason
     assert "lambda" in caplog.text and site.kind.label in caplog.text
     assert callable(site.module.accel_test_hook)

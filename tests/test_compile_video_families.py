@@ -12,11 +12,6 @@ from family_compile_checks import VIDEO_FAMILIES, check_compile_model_on_family
 
 
 
-@pytest.fixture(scope="module")
-def engine(accel_pack):
-    return accel_pack.accel.compile
-
-
 @pytest.mark.parametrize("family", VIDEO_FAMILIES, ids=lambda f: f.name)
 def test_compile_model_on_every_video_family(engine, comfy_nodes, family):
     check_compile_model_on_family(engine, comfy_nodes, family)

@@ -325,28 +325,23 @@ def test_nonuniform_schedule_run(pack, unet):
 
 # ---- models it cannot serve, options it cannot honour -------------------------------------------------------------
 
-def test_dit_model_passes_through_with_a_message(pack, comfy_dir, caplog):
-    import comfy.ldm.flux.model
+def test_a_model_deepcache_does_not_know_passes_through_with_a_message(pack, comfy_dir, caplog):
+    """Lumina 2's NextDiT takes no per-block replace patches in its loop (transformers that do: test_deepcache_dit.py)."""
     import comfy.model_patcher
-    import comfy.supported_models
 
-    flux_params = dict(
-        image_model="flux", in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=32, hidden_size=64,
-        mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=[8, 12, 12], theta=10000,
-        patch_size=2, qkv_bias=True, guidance_embed=False)
-    if "txt_ids_dims" in comfy.ldm.flux.model.FluxParams.__dataclass_fields__:  # ComfyUI 0.33+
-        flux_params["txt_ids_dims"] = []
-    config = comfy.supported_models.Flux(flux_params)
-    config.set_inference_dtype(torch.float32, None)
-    flux = comfy.model_patcher.ModelPatcher(config.get_model({}, device="meta"), torch.device("cpu"),
-                                            torch.device("cpu"))
+    from tools import family_models
+
+    lumina = family_models.BY_NAME["lumina2"]  # on the meta device: shapes only, no memory
+    model = comfy.model_patcher.ModelPatcher(family_models.build_model(lumina.detected, lumina.unet_config),
+                                             torch.device("cpu"), torch.device("cpu"))
     with caplog.at_level(logging.INFO, logger="comfyui_accel"):
-        out = deepcache(pack, flux, 3, 0)
-    assert out is not flux and out.model is flux.model
-    assert not any("accel_deepcache" in w for w in out.wrappers.get("diffusion_model", {}))
+        out = deepcache(pack, model, 3, 0)
+    assert out is not model and out.model is model.model
+    assert not any("accel_deepcache" in w for kind in out.wrappers.values() for w in kind)
     event = pack.accel.telemetry.snapshot()["events"][-1]
-    assert (event["feature"], event["action"]) == ("deepcache", "unsupported") and "Flux" in event["reason"]
-    assert "Flux is not a ComfyUI UNetModel" in caplog.text and "passes through unchanged" in caplog.text
+    assert (event["feature"], event["action"]) == ("deepcache", "unsupported") and "NextDiT" in event["reason"]
+    assert "NextDiT is neither a ComfyUI UNetModel nor a transformer DeepCache knows" in caplog.text
+    assert "passes through unchanged" in caplog.text
 
 
 def test_cache_depth_beyond_the_unet_uses_its_deepest_branch(pack, unet, caplog):

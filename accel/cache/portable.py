@@ -6,9 +6,15 @@ Triton kernels bundled in them), but on the CPU inductor's C++ kernels are compi
 entries that no artifact carries: without them an imported cache still runs the C++ compiler for every kernel.
 Import checks each environment's fingerprint against this machine and skips, with the reason, what was built for
 another torch, GPU, driver or CPU; it never overwrites a file that is already there.
+
+The manifest lists every file with its SHA-256. Import checks the whole archive before it writes anything: every
+name inside its environment's artifacts, `inductor/` or shares file, every file's hash, every artifact's own
+checksum; one failure and nothing is written. That catches a damaged or altered file, not a forged archive (whoever
+alters files can rewrite the manifest): a compile cache is code, import only archives you built (README).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
 from pathlib import Path
@@ -16,7 +22,8 @@ from pathlib import Path
 from .location import environment_id, fingerprint
 from .store import SHARES_FILE, unpack_artifact, write_atomic
 
-FORMAT = "comfyui-accel-compile-cache/1"
+FORMAT = "comfyui-accel-compile-cache/2"  # /2: the manifest has each file's sha256
+READABLE = (FORMAT, "comfyui-accel-compile-cache/1")
 
 
 def export_cache(root: Path, destination: Path) -> dict:
@@ -26,7 +33,7 @@ def export_cache(root: Path, destination: Path) -> dict:
     tmp = destination.with_name(destination.name + ".partial")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as archive:
         for env_dir in sorted(p for p in root.iterdir() if (p / "fingerprint.json").is_file()):
-            files = []
+            files, hashes = [], {}
             for path in sorted((env_dir / "artifacts").glob("*/*.bin")):
                 try:
                     unpack_artifact(path.read_bytes())
@@ -35,17 +42,20 @@ def export_cache(root: Path, destination: Path) -> dict:
                 name = path.relative_to(root).as_posix()  # <env id>/artifacts/<key>/<file>.bin
                 archive.write(path, name)
                 files.append(name)
+                hashes[name] = _sha256_file(path)
             for path in sorted((env_dir / "inductor").rglob("*")):
                 if path.is_file() and not path.is_symlink() and "locks" not in path.parts and \
                         not path.name.startswith(".tmp"):
                     name = path.relative_to(root).as_posix()  # <env id>/inductor/...
                     archive.write(path, name)
                     files.append(name)
+                    hashes[name] = _sha256_file(path)
             shares = env_dir / SHARES_FILE
             if shares.is_file():  # which kinds auto mode compiles: the same ones as on the exporting machine
                 archive.write(shares, shares.relative_to(root).as_posix())
                 files.append(shares.relative_to(root).as_posix())
-            manifest["environments"].append({"env_id": env_dir.name, "files": files,
+                hashes[files[-1]] = _sha256_file(shares)
+            manifest["environments"].append({"env_id": env_dir.name, "files": files, "sha256": hashes,
                                              "fingerprint": json.loads((env_dir / "fingerprint.json").read_text())})
         archive.writestr("manifest.json", json.dumps(manifest, indent=1))
     tmp.replace(destination)
@@ -64,31 +74,26 @@ def import_cache(root: Path, source: Path, device_types: tuple[str, ...]) -> lis
             manifest = json.loads(archive.read("manifest.json"))
         except KeyError:
             raise ValueError(f"{source} has no manifest.json: it was not written by `python -m accel cache export`")
-        if manifest.get("format") != FORMAT:
+        if manifest.get("format") not in READABLE:
             raise ValueError(f"{source} is format {manifest.get('format')!r}; this pack reads {FORMAT!r}")
         here = {environment_id(found): found for found in (fingerprint(t) for t in device_types)}
-        report = []
+        report, wanted = [], []
         for env in manifest["environments"]:
             if env["env_id"] not in here:
                 report.append(f"skipped {env['env_id']}: built for {_describe(env['fingerprint'])}, this machine is "
                               + " / ".join(_describe(f) for f in here.values()))
                 continue
-            env_dir = root / env["env_id"]
-            write_atomic(env_dir / "fingerprint.json", json.dumps(env["fingerprint"], indent=1).encode())
+            for name in env["files"]:
+                _check_entry(archive, source, env, name, manifest["format"] == FORMAT)
+            wanted.append(env)
+        for env in wanted:  # the whole archive checked: now written
+            write_atomic(root / env["env_id"] / "fingerprint.json", json.dumps(env["fingerprint"], indent=1).encode())
             imported = 0
             for name in env["files"]:
-                parts = name.split("/")
-                artifact = len(parts) == 4 and parts[1] == "artifacts"
-                shares = parts[1:] == [SHARES_FILE]
-                if parts[0] != env["env_id"] or not (artifact or shares or parts[1] == "inductor") or \
-                        ".." in parts or "" in parts:
-                    raise ValueError(f"{source}: unexpected entry {name!r}; the file is damaged or not an export")
                 data = archive.read(name)
-                if shares:  # merged: shares measured on this machine win
+                if name.split("/")[1:] == [SHARES_FILE]:  # merged: shares measured on this machine win
                     imported += _merge_shares(root / name, data)
                     continue
-                if artifact:
-                    unpack_artifact(data)  # refuse a damaged file here rather than at a prompt
                 target = root / name
                 if not target.exists():
                     write_atomic(target, data)
@@ -96,6 +101,40 @@ def import_cache(root: Path, source: Path, device_types: tuple[str, ...]) -> lis
             report.append(f"imported {imported} new files for {env['env_id']} "
                           f"({len(env['files']) - imported} already present)")
         return report
+
+
+def _check_entry(archive: zipfile.ZipFile, source: Path, env: dict, name: str, hashed: bool) -> None:
+    """Refuse (ValueError naming the entry) a name outside the environment's own files, a file whose hash is not
+    the manifest's, or a damaged artifact: before anything is written."""
+    parts = name.split("/")
+    artifact = len(parts) == 4 and parts[1] == "artifacts"
+    shares = parts[1:] == [SHARES_FILE]
+    if parts[0] != env["env_id"] or not (artifact or shares or parts[1:2] == ["inductor"]) or \
+            ".." in parts or "" in parts:
+        raise ValueError(f"{source}: unexpected entry {name!r}; the file is damaged or not an export. Nothing "
+                         "was imported.")
+    try:
+        data = archive.read(name)
+    except KeyError:
+        raise ValueError(f"{source}: {name!r} is in the manifest but not in the archive. Nothing was imported.")
+    if hashed and hashlib.sha256(data).hexdigest() != env.get("sha256", {}).get(name):
+        raise ValueError(f"{source}: {name!r} does not match the manifest's checksum: the archive was damaged or "
+                         "changed after export. Nothing was imported.")
+    try:
+        if artifact:
+            unpack_artifact(data)  # refuse a damaged file here rather than at a prompt
+        if shares and not isinstance(json.loads(data), dict):
+            raise ValueError("not a table of shares")
+    except ValueError as err:
+        raise ValueError(f"{source}: {name!r} is damaged ({err}). Nothing was imported.")
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _merge_shares(target: Path, data: bytes) -> int:

@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from ..env_settings import env_float
 from .location import cache_root, environment_id, fingerprint
+from .trust import FIX, first_untrusted, make_private_dirs, untrusted
 
 log = logging.getLogger("comfyui_accel")
 
@@ -45,8 +47,9 @@ def key_id(key: tuple) -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Readers see the old file or the whole new one, never a partial write (a crash leaves a stray tmp file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Readers see the old file or the whole new one, never a partial write (a crash leaves a stray tmp file).
+    The file is owner-only (mkstemp's 0600), and so are the directories made for it (trust.py)."""
+    make_private_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -118,7 +121,8 @@ class EnvironmentCache:
     def __init__(self, root: Path, device_type: str):
         self.fingerprint = fingerprint(device_type)
         self.env_id = environment_id(self.fingerprint)
-        self.dir = root / self.env_id
+        self.root = root.resolve()  # a link the user made to a volume: its target is what trust.py checks
+        self.dir = self.root / self.env_id
         self.inductor_dir = self.dir / "inductor"
         self.artifacts_dir = self.dir / "artifacts"
         self.usable: bool | None = None  # checked at first use
@@ -126,7 +130,8 @@ class EnvironmentCache:
         self._loaded: set[str] = set()
         self._lock = threading.RLock()
         self._last_evict = 0.0
-        self.stats = {"artifacts_loaded": 0, "artifacts_saved": 0, "artifacts_skipped_corrupt": 0, "evicted": 0}
+        self.stats = {"artifacts_loaded": 0, "artifacts_saved": 0, "artifacts_skipped_corrupt": 0,
+                      "artifacts_skipped_untrusted": 0, "evicted": 0}
 
     # -- the scope of one compiled call ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -149,11 +154,23 @@ class EnvironmentCache:
                     self._save(ident, label, record)
 
     def check_usable(self) -> bool:
+        """Whether this environment's directory can be used: private to this user (trust.py) and writable.
+        Checked once per process; the answer and its reason are in the stats."""
         if self.usable is None:
             with self._lock:
                 try:
+                    ours = [self.root, self.dir, self.inductor_dir, self.artifacts_dir]
+                    why = first_untrusted(ours)  # before anything is made in it: a refused cache is left alone
+                    if not why:
+                        for path in (self.inductor_dir, self.artifacts_dir):
+                            make_private_dirs(path)
+                        why = first_untrusted(ours)  # what was just made, or appeared meanwhile
+                    if why:
+                        self.usable, self.problem = False, f"not trusted: {why}"
+                        log.warning("[Accel] compile cache: not used, %s. %s Compiling still works, on torch's "
+                                    "temporary cache (nothing persists across restarts).", why, FIX)
+                        return False
                     for path in (self.inductor_dir, self.artifacts_dir):
-                        path.mkdir(parents=True, exist_ok=True)
                         with tempfile.TemporaryFile(dir=path):
                             pass
                     if not (self.dir / "fingerprint.json").exists():
@@ -182,6 +199,10 @@ class EnvironmentCache:
                 return
             self._loaded.add(ident)
             key_dir = self.artifacts_dir / ident
+            why = untrusted(key_dir, directory=True)
+            if why:
+                log.warning("[Accel] compile cache: not loading %s, %s. %s", key_dir, why, FIX)
+                return
             for path in sorted(key_dir.glob("*.bin")):
                 self.load_file(path)
             if key_dir.is_dir():
@@ -190,6 +211,11 @@ class EnvironmentCache:
     def load_file(self, path: Path) -> bool:
         import torch
 
+        why = untrusted(path, directory=False)
+        if why:  # left where it is: it may not be this user's to delete
+            self.stats["artifacts_skipped_untrusted"] += 1
+            log.warning("[Accel] compile cache: not loading %s, %s. %s", path, why, FIX)
+            return False
         try:
             _, payload = unpack_artifact(path.read_bytes())
             with _scoped_env("TORCHINDUCTOR_CACHE_DIR", str(self.inductor_dir)):
@@ -234,7 +260,7 @@ class EnvironmentCache:
         if not force and now - self._last_evict < EVICT_EVERY_S:
             return
         self._last_evict = now
-        cap = int(float(os.environ.get(MAX_SIZE_ENV, DEFAULT_MAX_GB)) * 2**30)
+        cap = int(env_float(MAX_SIZE_ENV, DEFAULT_MAX_GB) * 2**30)
         root = self.dir.parent
         sizes = {path: tree_size(path) for path in root.iterdir() if path.is_dir()}
         total = sum(sizes.values())
@@ -255,7 +281,7 @@ class EnvironmentCache:
         if total > cap:
             # torch's working cache alone is over the cap: start it afresh; the artifacts rebuild it on demand
             shutil.rmtree(self.inductor_dir, ignore_errors=True)
-            self.inductor_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.inductor_dir)
             self._loaded.clear()
             self.stats["evicted"] += 1
 

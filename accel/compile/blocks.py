@@ -147,6 +147,8 @@ def whole_model_safe_options(transformer_options: dict) -> dict | None:
     call eager, because the UNet loop itself applies them."""
     if transformer_options.get("patches") and any(transformer_options["patches"].values()):
         return None
+    if transformer_options.get("patches_replace"):  # the model's own block loop calls DiT block patches
+        return None
     return block_safe_options(transformer_options)
 
 
@@ -157,7 +159,10 @@ def block_safe_options(transformer_options: dict) -> dict | None:
     Fresh options keep per-step and per-prompt values (sigmas, cond_or_uncond, block ids, uuids, wrappers) out
     of the compiled graph's guards, so they never trigger recompiles.
     """
-    if transformer_options.get("patches_replace"):
+    # A DiT's per-block replace patches ("dit") are called by the model's block loop, which then runs the block
+    # (DeepCache's span patches, PuLID-style nodes): the block computes as without them, so it may run compiled.
+    # Any other replacement (a UNet's attn1/attn2, ...) acts inside the block.
+    if any(value for key, value in (transformer_options.get("patches_replace") or {}).items() if key != "dit"):
         return None
     if transformer_options.get("optimized_attention_override") is not None:
         return None

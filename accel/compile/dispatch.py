@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from .attention import compiled_block_options
 from .auto_mode import CallMode, CallPlan
 from .background import Capture, preload
@@ -53,7 +51,7 @@ def note_for_preload(entry: KindEntry, block, attribute: str, make_call) -> None
     if capture is not None and len(capture.calls) >= MAX_NOTED_CALLS:
         return
     if capture is None:
-        capture = Capture(entry, block, attribute, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        capture = Capture.in_this_call(entry, block, attribute)
         PRELOADER.keep(capture)
     call_args, call_kwargs = make_call()
     capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
@@ -142,9 +140,8 @@ class BlockDispatcher:
             return signature not in entry.seen_inputs
         if entry.first_call is None or not entry.would_compile(call_args, call_kwargs):
             return False
-        capture = plan.captures[entry.key] = Capture(entry, self.site.module, self.site.attribute,
-                                                     torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-                                                     calls=[entry.first_call], new_shape=True)
+        capture = plan.captures[entry.key] = Capture.in_this_call(entry, self.site.module, self.site.attribute,
+                                                                  calls=[entry.first_call], new_shape=True)
         capture.add_call(signature, call_args, call_kwargs)
         entry.shapes_sent.add(signature)
         background.new_shape()
@@ -155,7 +152,7 @@ class BlockDispatcher:
         kind that must be compiled cold is captured (its inputs' layouts) for the child process."""
         plan, entry = self.plan, self.entry
         capture = plan.captures.get(entry.key)
-        if capture is None and (entry.background.waiting or not entry.needs_background()):
+        if capture is None and (entry.background.waiting or not entry.decide_background()):
             if entry.background.state is BackgroundState.AWAITING_CPU_CHECKS:  # found in the cache: noted
                 make_call = self._make_call(args, kwargs)
                 if make_call is not None:
@@ -165,8 +162,7 @@ class BlockDispatcher:
         if make_call is None:  # patched in this call: capture a later block of the kind
             return entry.background.waiting
         if capture is None:
-            capture = plan.captures[entry.key] = Capture(entry, self.site.module, self.site.attribute,
-                                                         torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+            capture = plan.captures[entry.key] = Capture.in_this_call(entry, self.site.module, self.site.attribute)
             entry.background.capture()
         call_args, call_kwargs = make_call()
         capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)

@@ -206,9 +206,11 @@ class KindEntry:
             return "eager"
         return self.choice.path or "compiled"
 
-    def needs_background(self) -> bool:
-        """True the first time this kind must be compiled cold: never compiled here, no path chosen, and no
-        artifacts of its key in the persistent cache (those load in a fraction of a compile, so they load here)."""
+    def decide_background(self) -> bool:
+        """Whether this kind's first cold compile goes to a child: True when it must be compiled cold (never
+        compiled here, no path chosen, no artifacts of its key in the persistent cache). Otherwise it also moves
+        the kind's background state to what happens instead: not needed (compiled here, or found in the cache:
+        those load in a fraction of a compile), or waiting for inductor's CPU checks before it loads."""
         if not self.background.undecided:
             return False
         if self.compiles or self.seen_inputs or self.choice.decided or self.failure:

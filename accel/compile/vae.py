@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import copy
 
-import torch
-
 from ..cache import COMPILE_CACHE
 from .background import BACKGROUND, Capture, hold_until_idle
 from .blocks import BlockKind
@@ -59,11 +57,11 @@ class CompiledMethod:
         the kind is cold). On a CPU with few cores the child starts once this process is idle (the decode and
         the rest of the prompt done: background/idle_gate.py), as the sampler's do."""
         BACKGROUND.poll()  # a finished child hands the kind back here
-        if entry.background.waiting or not entry.needs_background():
+        if entry.background.waiting or not entry.decide_background():
             # found in the cache and waiting for the CPU checks: noted, to load between prompts once they ran
             note_for_preload(entry, self.module, self.method, lambda: (args, kwargs))
             return entry.background.waiting
-        capture = Capture(entry, self.module, self.method, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        capture = Capture.in_this_call(entry, self.module, self.method)
         entry.background.capture()
         capture.add_call(input_signature(args, kwargs), args, kwargs)
         return BACKGROUND.launch([capture], COMPILE_CACHE.environment(device.type).dir,

@@ -1,8 +1,10 @@
-"""DeepCache for ComfyUI UNet models: reuse the deep UNet features across sampling steps.
+"""DeepCache for ComfyUI models: reuse deep features across sampling steps.
 
 - `schedule`: which steps are full and which shallow, planned per run from the run's sigma schedule.
 - `unet_paths`: the full path (ComfyUI's forward, deep feature captured) and the shallow path on a UNetModel,
   and the FLOP estimate of the shallow path's share.
+- `dit_paths`: on a transformer, the middle blocks' residual captured on full steps and added instead of them on
+  reused ones, through ComfyUI's per-block replace patches.
 - `runtime`: the OUTER_SAMPLE and DIFFUSION_MODEL wrappers, the per-run state and `apply()`.
 """
 from .runtime import FEATURE, DeepCacheConfig, apply

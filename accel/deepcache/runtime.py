@@ -1,9 +1,12 @@
-"""DeepCache on a ComfyUI ModelPatcher: two wrappers and the per-run state they share.
+"""DeepCache on a ComfyUI ModelPatcher: two wrappers and the per-run state they share. UNet models (unet_paths.py)
+reuse the deep feature of a skip branch; transformer models (dit_paths.py) reuse the residual of their middle blocks.
 
 - The OUTER_SAMPLE wrapper runs once per sampling run (each `CFGGuider.sample`: every KSampler, every pass
   of a hires fix or refiner). It plans the run from the run's own sigma schedule, puts a fresh `RunState`
   into the run's copy of the transformer options, and drops it in `finally` (success, error, interrupt).
   This is the pattern of ComfyUI's own EasyCache node.
+- On a transformer, an APPLY_MODEL wrapper decides per model call whether the span patches of dit_paths.py
+  capture their residuals, reuse them or let the blocks run; the rest below is the UNet's.
 - The DIFFUSION_MODEL wrapper runs per UNet call. It finds the step from the call's sigma, and runs either
   ComfyUI's own forward (full step, capturing the deep feature) or the shallow path on the cached feature.
   DIFFUSION_MODEL is inside APPLY_MODEL, so blocks compiled by Compile Model from an APPLY_MODEL wrapper
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import telemetry
-from . import unet_paths
+from . import dit_paths, unet_paths
 from .schedule import SCHEDULES, StepPlan, make_plan
 
 log = logging.getLogger("comfyui_accel")
@@ -72,6 +75,7 @@ class RunState:
     flops: float = 0.0  # estimated FLOPs of all UNet calls of the run, had they all been full
     skipped_flops: float = 0.0  # the part of it that shallow calls skipped
     estimates: dict = field(default_factory=dict)  # (H, W, context tokens) -> (full, shallow) FLOPs per sample
+    dit_skipped_share: float | None = None  # a DiT's: the share of a full call that its spans hold (fixed)
 
     def lookup(self, keys, step: int, signature: tuple):
         """The cached deep feature for every chunk of this call, or None. A feature is valid if it was computed
@@ -85,9 +89,32 @@ class RunState:
             found.append(entry.h)
         return found
 
+    def locate(self, transformer_options: dict, x: torch.Tensor) -> tuple:
+        """This model call's step (from its sigma, in the run's plan), its cond-chunk keys (chunk_keys) and the
+        signature its cached features must match (per-chunk batch, shape, dtype, device)."""
+        sigmas = transformer_options.get("sigmas")
+        self.step = self.plan.step_of(float(sigmas.reshape(-1)[0]), self.step) if sigmas is not None else None
+        keys = chunk_keys(transformer_options, x.shape[0])
+        signature = (x.shape[0] // len(keys) if keys else 0, tuple(x.shape[1:]), x.dtype, x.device)
+        return self.step, keys, signature
+
+    def forget(self, keys) -> None:
+        for key in keys or ():
+            self.features.pop(key, None)
+
     def store(self, keys, step: int, signature: tuple, h) -> None:
         for i, chunk in enumerate(h.chunk(len(keys))):
             self.features[keys[i]] = _Entry(step, signature, chunk)
+
+    def store_parts(self, keys, step: int, signature: tuple, parts: list) -> None:
+        for key, part in zip(keys, parts):
+            self.features[key] = _Entry(step, signature, part)
+
+    def account_dit(self, batch: int, shallow: bool) -> None:
+        """A DiT call's compute, in units of one sample's full call (the spans' share is fixed by the model)."""
+        self.flops += batch
+        if shallow and self.dit_skipped_share is not None:
+            self.skipped_flops += batch * self.dit_skipped_share
 
     def account(self, unet, x, context, shallow: bool) -> None:
         """Add this call's estimated compute (once per shape: a walk over the UNet's modules, no tensor work)."""
@@ -105,13 +132,18 @@ class RunState:
 
     def report(self, status: str) -> dict:
         known = [e for e in self.estimates.values() if e is not None]
+        shallow_share = round(known[0][1] / known[0][0], 4) if known else None
+        estimate = "FLOPs of convolutions, linear layers and attention matmuls"
+        if self.dit_skipped_share is not None:
+            shallow_share = round(1 - self.dit_skipped_share, 4)
+            estimate = "parameters used per token (linear layers; attention's own matmuls left out)"
         return {
             "status": status, "steps": self.plan.steps, "planned_shallow_steps": self.plan.shallow_steps,
             "reused_steps": len(self.reused_steps), "full_calls": self.full_calls,
             "shallow_calls": self.shallow_calls, "fallback_calls": self.fallback_calls,
-            "shallow_share": round(known[0][1] / known[0][0], 4) if known else None,
+            "shallow_share": shallow_share,
             "compute_skipped": round(self.skipped_flops / self.flops, 4) if self.flops else None,
-            "estimate": "FLOPs of convolutions, linear layers and attention matmuls",
+            "estimate": estimate,
             "interval": self.config.interval, "depth": self.depth, "schedule": self.config.schedule,
         }
 
@@ -126,28 +158,29 @@ def chunk_keys(transformer_options: dict, batch: int):
     return None
 
 
-def start_run(config: DeepCacheConfig, depth: int, sigmas, model_sampling) -> RunState:
+def start_run(config: DeepCacheConfig, depth: int, sigmas, model_sampling, dit_share=None) -> RunState:
     """A fresh RunState for a run over `sigmas` (the run's schedule, as ComfyUI passes it to OUTER_SAMPLE and
     puts into transformer_options["sample_sigmas"]). Percents become sigmas through the model's own sampling."""
     start = model_sampling.percent_to_sigma(config.start_percent)
     end = model_sampling.percent_to_sigma(config.end_percent)
     plan = make_plan(sigmas.tolist() if hasattr(sigmas, "tolist") else sigmas, config.interval, config.schedule,
                      start, end)
-    return RunState(config=config, depth=depth, plan=plan)
+    return RunState(config=config, depth=depth, plan=plan, dit_skipped_share=dit_share)
 
 
 class OuterSampleWrapper:
     """OUTER_SAMPLE: one RunState per sampling run, dropped when the run ends however it ends."""
 
-    def __init__(self, config: DeepCacheConfig, depth: int):
-        self.config, self.depth = config, depth
+    def __init__(self, config: DeepCacheConfig, depth: int, dit_share: float | None = None):
+        self.config, self.depth, self.dit_share = config, depth, dit_share
 
     def __call__(self, executor, *args, **kwargs):
         import comfy.model_patcher
 
         guider = executor.class_obj
         sigmas = args[3] if len(args) > 3 else kwargs["sigmas"]
-        run = start_run(self.config, self.depth, sigmas, guider.model_patcher.get_model_object("model_sampling"))
+        run = start_run(self.config, self.depth, sigmas, guider.model_patcher.get_model_object("model_sampling"),
+                        self.dit_share)
         original = guider.model_options
         # The run's own copy (as EasyCache does): the node's model_options, shared by every run, stay untouched.
         guider.model_options = comfy.model_patcher.create_model_options_clone(original)
@@ -169,8 +202,8 @@ class OuterSampleWrapper:
 def report_run(report: dict) -> None:
     telemetry.record(FEATURE, "run", **report)
     share, skipped = report["shallow_share"], report["compute_skipped"]
-    log.info("[Accel] DeepCache: deep features reused on %d of %d steps (%d shallow UNet calls, %d full%s); "
-             "%s of UNet compute skipped (FLOP estimate; the shallow path is %s of a full call). Run %s.",
+    log.info("[Accel] DeepCache: deep features reused on %d of %d steps (%d shallow model calls, %d full%s); "
+             "%s of the model's compute skipped (estimate; the shallow path is %s of a full call). Run %s.",
              report["reused_steps"], report["steps"], report["shallow_calls"], report["full_calls"],
              f", {report['fallback_calls']} full for lack of a matching feature" if report["fallback_calls"] else "",
              f"about {100 * skipped:.0f}%" if skipped is not None else "an unknown share",
@@ -196,11 +229,7 @@ class DiffusionModelWrapper:
             run.full_calls += 1
             run.account(unet, x, context, shallow=False)
             return executor(*args, **kwargs)
-        sigmas = transformer_options.get("sigmas")
-        step = run.plan.step_of(float(sigmas.reshape(-1)[0]), run.step) if sigmas is not None else None
-        run.step = step
-        keys = chunk_keys(transformer_options, x.shape[0])
-        signature = (x.shape[0] // len(keys) if keys else 0, tuple(x.shape[1:]), x.dtype, x.device)
+        step, keys, signature = run.locate(transformer_options, x)
         capture = unet_paths.DeepFeatureCapture(len(unet.output_blocks) - 1 - self.depth)
 
         if keys and run.plan.is_shallow(step):
@@ -221,23 +250,128 @@ class DiffusionModelWrapper:
             out = executor(*args, **kwargs)
         if capture.armed and capture.h is not None:
             run.store(keys, step, signature, capture.h)
-        elif keys:  # no later step reads these chunks' features: free them now rather than at the end of the run
-            for key in keys:
-                run.features.pop(key, None)
+        else:  # no later step reads these chunks' features: free them now rather than at the end of the run
+            run.forget(keys)
         run.full_calls += 1
         run.account(unet, x, context, shallow=False)
         return out
 
 
+def transformer_options_of(args: tuple, kwargs: dict) -> dict | None:
+    """The call's transformer_options among a DiT forward's arguments (each family passes them at another
+    position; the run's own copy carries RUN_KEY)."""
+    found = kwargs.get("transformer_options")
+    if isinstance(found, dict):
+        return found
+    return next((a for a in args if isinstance(a, dict) and RUN_KEY in a), None)
+
+
+class DiTApplyModelWrapper:
+    """APPLY_MODEL on a transformer: decides, in plain Python before the call, whether the span patches
+    (dit_paths.py) capture residuals, reuse them, or stay out of the way, and keeps what a full call captured.
+    The patches read the decision from the call's own transformer_options (dit_paths.CALL_KEY)."""
+
+    def __call__(self, executor, *args, **kwargs):
+        transformer_options = transformer_options_of(args, kwargs)
+        run = transformer_options.get(RUN_KEY) if transformer_options is not None else None
+        x = args[0] if args else kwargs.get("x")
+        if run is None or not isinstance(x, torch.Tensor) or run.plan.shallow_steps == 0:
+            if run is not None:
+                run.full_calls += 1
+                run.account_dit(x.shape[0] if isinstance(x, torch.Tensor) else 1, shallow=False)
+            return executor(*args, **kwargs)
+        step, keys, signature = run.locate(transformer_options, x)
+        call = dit_paths.SpanCall()
+        # A ControlNet adds its residuals after each block, inside the span too: a reused span would add them on
+        # top of a residual that holds them already, so such calls run in full (APPLY_MODEL's 5th argument).
+        control = args[4] if len(args) > 4 else kwargs.get("control")
+        planned_shallow = bool(keys) and run.plan.is_shallow(step) and control is None
+        if planned_shallow:
+            cached = run.lookup(keys, step, signature)
+            if cached is not None:
+                call.residuals = dit_paths.join_residuals(cached)
+        if not call.residuals:
+            call.capture = bool(keys) and step is not None and run.plan.cache_needed_after(step)
+        transformer_options[dit_paths.CALL_KEY] = call  # this call's own options (a copy per model call)
+        try:
+            out = executor(*args, **kwargs)
+        finally:
+            transformer_options.pop(dit_paths.CALL_KEY, None)
+        if call.reusing and not call.ran_spans:  # every span served from its residual
+            run.shallow_calls += 1
+            run.reused_steps.add(step)
+            run.account_dit(x.shape[0], shallow=True)
+            return out
+        if planned_shallow:
+            run.fallback_calls += 1  # no matching residuals, or a span ran after all
+        run.full_calls += 1
+        run.account_dit(x.shape[0], shallow=False)
+        if call.capture and call.residuals:
+            run.store_parts(keys, step, signature, dit_paths.split_residuals(call.residuals, len(keys)))
+        else:  # no later step reads these chunks' residuals: free them now
+            run.forget(keys)
+        return out
+
+
 def apply(model_patcher, config: DeepCacheConfig):
-    """Returns (clone of `model_patcher` with DeepCache, branch depth used, message), or (None, None, reason)
-    when its diffusion model is not a UNetModel. The input patcher is never modified."""
+    """Returns (clone of `model_patcher` with DeepCache, depth used, message), or (None, None, reason) when its
+    diffusion model is neither a ComfyUI UNetModel nor a transformer whose block loop takes ComfyUI's per-block
+    replace patches. The input patcher is never modified."""
+    diffusion_model = model_patcher.get_model_object("diffusion_model")
+    if dit_paths.is_dit(diffusion_model):
+        return _apply_dit(model_patcher, diffusion_model, config)
+    if not unet_paths.is_unet(diffusion_model):
+        return None, None, (f"{type(diffusion_model).__name__} is neither a ComfyUI UNetModel nor a transformer "
+                            "DeepCache knows (" + ", ".join(dit_paths.BLOCK_LISTS) + ")")
+    return _apply_unet(model_patcher, diffusion_model, config)
+
+
+def _with_wrappers(model_patcher, outer, inner, inner_type: str):
     import comfy.patcher_extension as pe
 
-    diffusion_model = model_patcher.get_model_object("diffusion_model")
-    if not unet_paths.is_unet(diffusion_model):
-        return None, None, (f"{type(diffusion_model).__name__} is not a ComfyUI UNetModel (DeepCache needs the "
-                            "UNet's skip connections; DiT models such as Flux, SD3 or Wan have none)")
+    clone = model_patcher.clone()
+    # Applying DeepCache twice replaces the first one rather than nesting two caches.
+    for wrapper_type in (pe.WrappersMP.OUTER_SAMPLE, pe.WrappersMP.DIFFUSION_MODEL, pe.WrappersMP.APPLY_MODEL):
+        clone.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)
+    clone.add_wrapper_with_key(pe.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer)
+    clone.add_wrapper_with_key(inner_type, WRAPPER_KEY, inner)
+    return clone
+
+
+def _apply_dit(model_patcher, diffusion_model, config: DeepCacheConfig):
+    """On a transformer, `depth` is how many blocks stay live at each end beyond the first and last one."""
+    live = config.depth + 1
+    spans = dit_paths.plan_spans(diffusion_model, live)
+    name = type(diffusion_model).__name__
+    if not spans:
+        return None, None, (f"{name} has too few blocks to keep {live} live at each end (cache depth "
+                            f"{config.depth}): nothing would be reused")
+    import comfy.patcher_extension as pe
+
+    share = dit_paths.skipped_share(diffusion_model, spans)
+    inner = DiTApplyModelWrapper()
+    # APPLY_MODEL, not DIFFUSION_MODEL: every family's model call goes through it (SD3's MMDiT has no
+    # DIFFUSION_MODEL wrapper in ComfyUI 0.3.75), and its arguments carry the call's transformer_options.
+    clone = _with_wrappers(model_patcher, OuterSampleWrapper(config, config.depth, share), inner,
+                           pe.WrappersMP.APPLY_MODEL)
+    existing = clone.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
+    for span in spans:
+        for block in span.blocks():
+            other = existing.get((span.patch_name, block))  # another node's patch of this block keeps working
+            other = None if isinstance(other, dit_paths.SpanBlockPatch) else other
+            clone.set_model_patch_replace(dit_paths.SpanBlockPatch(span, block, other), "dit",
+                                          span.patch_name, block)
+    skipped = ", ".join(f"{s.patch_name}s {s.first}-{s.last}" for s in spans)
+    message = (f"{name}: interval {config.interval}, reused steps skip {skipped} (about "
+               f"{100 * (share or 0):.0f}% of a call), {config.schedule} schedule")
+    if config.start_percent >= config.end_percent and config.interval > 1:
+        message += " (start_percent >= end_percent: no step may reuse features, every step runs in full)"
+    return clone, config.depth, message
+
+
+def _apply_unet(model_patcher, diffusion_model, config: DeepCacheConfig):
+    import comfy.patcher_extension as pe
+
     branches = unet_paths.branch_count(diffusion_model)
     depth = min(config.depth, branches - 1)
     message = f"interval {config.interval}, branch {depth} of 0..{branches - 1}, {config.schedule} schedule"
@@ -245,10 +379,6 @@ def apply(model_patcher, config: DeepCacheConfig):
         message += f" (cache depth {config.depth} is beyond this UNet's deepest branch {branches - 1})"
     if config.start_percent >= config.end_percent and config.interval > 1:
         message += " (start_percent >= end_percent: no step may reuse features, every step runs in full)"
-    clone = model_patcher.clone()
-    # Applying DeepCache twice replaces the first one rather than nesting two caches.
-    for wrapper_type in (pe.WrappersMP.OUTER_SAMPLE, pe.WrappersMP.DIFFUSION_MODEL):
-        clone.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)
-    clone.add_wrapper_with_key(pe.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, OuterSampleWrapper(config, depth))
-    clone.add_wrapper_with_key(pe.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY, DiffusionModelWrapper(depth))
+    clone = _with_wrappers(model_patcher, OuterSampleWrapper(config, depth), DiffusionModelWrapper(depth),
+                           pe.WrappersMP.DIFFUSION_MODEL)
     return clone, depth, message

@@ -79,6 +79,11 @@ class CpuChecks:
             return not thread.is_alive()
         return True
 
+    @property
+    def busy(self) -> bool:
+        """Kinds wait for the checks, or the checks run."""
+        return bool(self._waiting) or (self._thread is not None and not self._done.is_set())
+
     def stats(self) -> dict:
         state = ("done" if self._done.is_set() else "running" if self._thread is not None
                  else "held until the process is idle" if self._wanted else "not needed yet")

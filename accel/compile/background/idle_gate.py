@@ -17,10 +17,11 @@ run here; the sampler's OUTER_SAMPLE wrapper marks each run (patcher.py).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Callable
+
+from ...env_settings import env_float
 
 log = logging.getLogger("comfyui_accel")
 
@@ -112,10 +113,7 @@ class IdleGate:
 
 
 def _max_wait() -> float:
-    try:
-        return float(os.environ.get(MAX_WAIT_ENV, DEFAULT_MAX_WAIT))
-    except ValueError:
-        return DEFAULT_MAX_WAIT
+    return env_float(MAX_WAIT_ENV, DEFAULT_MAX_WAIT)
 
 
 IDLE_GATE = IdleGate()

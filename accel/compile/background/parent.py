@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import pickle
+import platform
 import shutil
 import subprocess
 import sys
@@ -50,6 +51,8 @@ from typing import Any
 
 import torch
 
+from ...cache.trust import make_private_dirs
+from ...env_settings import env_float
 from .cpu_checks import CPU_CHECKS
 from .idle_gate import IDLE_GATE
 from .preload import PRELOADER
@@ -78,6 +81,12 @@ class Capture:
     device: str = ""
     error: str | None = None
     new_shape: bool = False  # a compiled kind's new input shape (its first call's layouts come first)
+
+    @classmethod
+    def in_this_call(cls, entry, block: torch.nn.Module, attribute: str, **fields) -> "Capture":
+        """A capture of `block`, made during its call: the child compiles under this call's grad and inference
+        modes (a graph made for one mode is not the other's)."""
+        return cls(entry, block, attribute, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), **fields)
 
     def add_call(self, signature: tuple, args: tuple, kwargs: dict) -> None:
         if signature in self.signatures or self.error:
@@ -142,10 +151,18 @@ class BackgroundCompiler:
         self._queue: list[tuple[list[dict], list, Path]] = []  # (items, entries, environment dir) waiting
         self._held: list[tuple[list[dict], list, Path]] = []  # the same, waiting for an idle moment
         self.history: list[dict] = []  # one record per finished job, for stats
+        self._swept: set[Path] = set()  # environments whose jobs folder was cleared of dead processes' jobs
+
+    @property
+    def has_jobs(self) -> bool:
+        """A child's job runs, waits behind the running one, or is held for an idle moment."""
+        return self._job is not None or bool(self._queue) or bool(self._held)
 
     @property
     def busy(self) -> bool:
-        return self._job is not None or bool(self._queue) or bool(self._held)
+        """Background work is still to come for this process: a job, kinds waiting for inductor's CPU checks (or
+        the checks running), graphs to load between prompts. What the demo and the HTTP tests wait on."""
+        return self.has_jobs or CPU_CHECKS.busy or bool(PRELOADER.pending)
 
     def launch(self, captures: list[Capture], env_dir: Path, hold: bool = False) -> bool:
         """Send `captures` to a child (now, when the running one ends, or with `hold` at this process's next idle
@@ -195,9 +212,12 @@ class BackgroundCompiler:
     def _start(self, items: list[dict], entries: list, env_dir: Path) -> bool:
         """Send `items` to the waiting child, or to a new one (the lock held)."""
         self._cancel_idle_timer()
-        directory = env_dir / "jobs" / f"{os.getpid()}-{time.time_ns()}"
+        if env_dir not in self._swept:
+            self._swept.add(env_dir)
+            sweep_stale_jobs(env_dir / "jobs")
+        directory = env_dir / "jobs" / folder_name("job")
         try:
-            directory.mkdir(parents=True)
+            make_private_dirs(directory)  # the child unpickles its job: no one else may write there (trust.py)
             with open(directory / "job.pkl", "wb") as handle:
                 pickle.dump({"items": items}, handle)
             worker = self._worker_for(env_dir)
@@ -222,8 +242,8 @@ class BackgroundCompiler:
             return self._worker
         if self._worker is not None:
             self._worker.retire()
-        directory = env_dir / "jobs" / f"worker-{os.getpid()}-{time.time_ns()}"
-        directory.mkdir(parents=True)
+        directory = env_dir / "jobs" / folder_name("worker")
+        make_private_dirs(directory)
         (directory / "setup.json").write_text(json.dumps(setup))
         env = {**os.environ, "ACCEL_CACHE_DIR": str(env_dir.parent), "PYTHONUNBUFFERED": "1"}
         with open(directory / "log.txt", "wb") as log_file:  # the child keeps its own descriptor
@@ -343,19 +363,17 @@ class BackgroundCompiler:
 
     def stats(self) -> dict:
         self.poll()  # the server's stats route may ask while no UNet call comes to poll
-        job = self._job
-        running = None if job is None else {"pid": job.worker.process.pid,
-                                            "kinds": [e.kind.label for e in job.entries],
-                                            "seconds": round(time.perf_counter() - job.started, 1)}
-        queued = [e.kind.label for _, entries, _ in self._queue for e in entries]
-        held = [e.kind.label for _, entries, _ in self._held for e in entries]
-        checks = CPU_CHECKS.stats()
-        preload = PRELOADER.stats()
-        # busy: something is still to come (a job, kinds waiting for the checks, graphs to load between prompts)
-        busy = bool(running or queued or held or checks["kinds_waiting"] or checks["state"] == "running"
-                    or preload["pending"])
-        return {"busy": busy, "running": running, "queued": queued, "held_until_idle": held,
-                "finished": list(self.history), "cpu_checks": checks, "preload": preload,
+        # Under the lock: release_held empties the held list before _start has made the job, so a snapshot taken
+        # between the two would show the work neither held nor running (CI saw exactly that once).
+        with self._lock:
+            job = self._job
+            running = None if job is None else {"pid": job.worker.process.pid,
+                                                "kinds": [e.kind.label for e in job.entries],
+                                                "seconds": round(time.perf_counter() - job.started, 1)}
+            queued = [e.kind.label for _, entries, _ in self._queue for e in entries]
+            held = [e.kind.label for _, entries, _ in self._held for e in entries]
+        return {"busy": self.busy, "running": running, "queued": queued, "held_until_idle": held,
+                "finished": list(self.history), "cpu_checks": CPU_CHECKS.stats(), "preload": PRELOADER.stats(),
                 "idle_gate": IDLE_GATE.stats()}
 
 
@@ -393,12 +411,51 @@ def hold_until_idle(device_type: str) -> bool:
 
 
 def _idle_seconds(device_type: str) -> float:
-    default = DEFAULT_IDLE_SECONDS.get(device_type, 0.0)
+    return env_float(IDLE_ENV, DEFAULT_IDLE_SECONDS.get(device_type, 0.0))
+
+
+def folder_name(kind: str) -> str:
+    """A job's or a child's folder: `<kind>-<host>-<pid>-<ns>`, so that the process that made it can be told
+    alive or gone (sweep_stale_jobs), on this host only: processes of other machines or containers sharing the
+    cache have their own pids."""
+    return f"{kind}-{_HOST}-{os.getpid()}-{time.time_ns()}"
+
+
+_HOST = "".join(c if c.isalnum() or c in "._" else "_" for c in platform.node()) or "host"
+
+
+def sweep_stale_jobs(jobs_dir: Path) -> list[str]:
+    """Delete the job and child folders that processes of this host which are gone left behind (a ComfyUI killed,
+    say, while its child compiled). A live process's folders are kept, a failed job's log included, and so are
+    other hosts' and any folder not named by folder_name. Returns the names deleted. POSIX only (on Windows
+    os.kill(pid, 0) would end the process, not probe it)."""
+    deleted = []
+    if os.name != "posix":
+        return deleted
+    with contextlib.suppress(OSError):
+        for path in jobs_dir.iterdir():
+            parts = path.name.split("-")
+            if len(parts) != 4 or parts[0] not in ("job", "worker") or parts[1] != _HOST or not parts[2].isdigit():
+                continue
+            pid = int(parts[2])
+            if pid == os.getpid() or _process_alive(pid):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            deleted.append(path.name)
+    if deleted:
+        log.info("[Accel] Compile Model: removed %d background-compile folders of ComfyUI processes that ended "
+                 "before their jobs did (%s)", len(deleted), jobs_dir)
+    return deleted
+
+
+def _process_alive(pid: int) -> bool:
     try:
-        return float(os.environ.get(IDLE_ENV, default))
-    except ValueError:
-        log.warning("[Accel] %s=%r is not a number of seconds; using %s", IDLE_ENV, os.environ[IDLE_ENV], default)
-        return default
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _read_json(path: Path) -> dict | None:

@@ -1,0 +1,155 @@
+"""DeepCache's idea on a transformer (DiT): on a reused step the middle blocks are not run; their cached residual
+(output minus input of that span of blocks, per stream: image tokens, and text tokens where the block carries
+them) is added instead, and only the first and last blocks run.
+
+Hooked through ComfyUI's own per-block replacement, `patches_replace["dit"][("double_block" | "single_block", i)]`,
+which the model's block loop calls with the block's inputs and the original block (Flux, Chroma, HunyuanVideo,
+Wan, Qwen-Image, SD3's MMDiT, LTX-Video in ComfyUI 0.3.75 and later). A patch is installed on each block of the
+span (`set_model_patch_replace` on the node's clone); what it does in a call is decided before the call, in plain
+Python, by runtime.py, and read from the call's `SpanCall`, which travels in the call's own transformer_options
+(CALL_KEY; the block loops hand them to the patches; ComfyUI deep-copies a patcher's patches on every clone, so
+nothing may live in the patch objects):
+
+- full call, features wanted: each span's first block keeps a copy of its inputs (blocks add into their inputs in
+  place, as Flux's do), its last block's output minus that copy is the span's residual;
+- reused call: the span's first block returns its inputs plus the residual, the other blocks of the span return
+  their inputs: no block of the span runs;
+- any other call, or a block whose inputs do not match the residual's shapes: the original block runs.
+
+A span never crosses from one block list to the next (Flux joins its image and text tokens between its double
+and single blocks): each list gets a span of its own, the first list's after its first `live` blocks, the last
+list's before its last `live` blocks, lists between them whole.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+CALL_KEY = "accel_deepcache_call"  # the call's SpanCall, in the call's own transformer_options
+
+# The block lists of each DiT class, in the order its forward runs them, and the replace key its loop looks up.
+# Matched on the class and its bases (Flux Kontext is a Flux; Wan's variants are WanModels): a model whose loop
+# does not call these patches simply never reuses anything (every call runs in full, as the stats then say).
+BLOCK_LISTS = {
+    "Flux": (("double_blocks", "double_block"), ("single_blocks", "single_block")),
+    "Chroma": (("double_blocks", "double_block"), ("single_blocks", "single_block")),
+    "HunyuanVideo": (("double_blocks", "double_block"), ("single_blocks", "single_block")),
+    "WanModel": (("blocks", "double_block"),),
+    "QwenImageTransformer2DModel": (("transformer_blocks", "double_block"),),
+    "MMDiT": (("joint_blocks", "double_block"),),
+    "LTXVModel": (("transformer_blocks", "double_block"),),
+}
+
+
+@dataclass(frozen=True)
+class Span:
+    """Consecutive blocks of one list whose work a reused call replaces by their residual."""
+    index: int  # the span's place among the model's spans
+    patch_name: str  # "double_block" or "single_block"
+    first: int
+    last: int  # inclusive
+
+    def blocks(self) -> range:
+        return range(self.first, self.last + 1)
+
+
+def block_lists(diffusion_model) -> tuple[tuple[str, str], ...] | None:
+    for cls in type(diffusion_model).__mro__:
+        if cls.__name__ in BLOCK_LISTS:
+            lists = BLOCK_LISTS[cls.__name__]
+            if all(isinstance(getattr(diffusion_model, name, None), torch.nn.ModuleList) for name, _ in lists):
+                return lists
+    return None
+
+
+def is_dit(diffusion_model) -> bool:
+    return block_lists(diffusion_model) is not None
+
+
+def plan_spans(diffusion_model, live: int) -> list[Span]:
+    """The spans a reused call skips: everything but the first `live` blocks of the first list and the last
+    `live` of the last (lists that are left empty get no span)."""
+    lists = [(len(getattr(diffusion_model, name)), patch) for name, patch in block_lists(diffusion_model)]
+    spans = []
+    for i, (count, patch) in enumerate(lists):
+        first = live if i == 0 else 0
+        last = count - 1 - (live if i == len(lists) - 1 else 0)
+        if first <= last:
+            spans.append(Span(len(spans), patch, first, last))
+    return spans
+
+
+def skipped_share(diffusion_model, spans: list[Span]) -> float | None:
+    """The share of the model's per-token work the spans hold, by parameter count (a transformer's linear layers
+    cost 2 FLOPs per parameter and token; attention's own matmuls are left out of this estimate)."""
+    total = sum(p.numel() for p in diffusion_model.parameters())
+    if not total:
+        return None
+    lists = dict(block_lists(diffusion_model))
+    by_patch = {patch: getattr(diffusion_model, name) for name, patch in lists.items()}
+    skipped = sum(p.numel() for span in spans for i in span.blocks() for p in by_patch[span.patch_name][i].parameters())
+    return skipped / total
+
+
+@dataclass
+class SpanCall:
+    """What the span patches do in one model call (set by runtime.py before the call, read by the patches)."""
+    capture: bool = False  # full call: record each span's residual
+    residuals: dict = field(default_factory=dict)  # span index -> {stream: tensor}: given to reuse, or captured
+    reusing: set = field(default_factory=set)  # span indices served from `residuals` in this call
+    starts: dict = field(default_factory=dict)  # span index -> {stream: copy of its first block's inputs}
+    ran_spans: set = field(default_factory=set)  # span indices whose blocks ran (a fallback on a reused call)
+
+
+def split_residuals(residuals: dict, chunks: int) -> list[dict]:
+    """A call's residuals, one dict per cond chunk (the batch's equal parts, as the call's cond/uncond order)."""
+    parts = [{} for _ in range(chunks)]
+    for span, streams in residuals.items():
+        for stream, tensor in streams.items():
+            for i, piece in enumerate(tensor.chunk(chunks)):
+                parts[i].setdefault(span, {})[stream] = piece
+    return parts
+
+
+def join_residuals(parts: list[dict]) -> dict:
+    return {span: {stream: torch.cat([p[span][stream] for p in parts]) for stream in parts[0][span]}
+            for span in parts[0]}
+
+
+class SpanBlockPatch:
+    """The replace patch of one block of a span. Outside a DeepCache call (no SpanCall in the call's options, or
+    a model whose loop does not pass them) the original block runs."""
+
+    def __init__(self, span: Span, block: int, other=None):
+        self.span, self.block = span, block
+        self.other = other  # another node's replace patch of this block, which runs as the block does
+
+    def __call__(self, args: dict, extra: dict) -> dict:
+        call, span = (args.get("transformer_options") or {}).get(CALL_KEY), self.span
+        original = extra["original_block"]
+        if self.other is not None:
+            block, other = original, self.other
+            original = lambda block_args: other(block_args, {**extra, "original_block": block})  # noqa: E731
+        if call is None:
+            return original(args)
+        first, last = self.block == span.first, self.block == span.last
+        if span.index in call.reusing or (first and span.index in call.residuals and not call.capture):
+            residual = call.residuals[span.index]
+            if first:
+                if any(k not in args or args[k].shape != r.shape for k, r in residual.items()):
+                    call.ran_spans.add(span.index)  # another shape: this span runs in this call
+                    return original(args)
+                call.reusing.add(span.index)
+                return {k: args[k] + r for k, r in residual.items()}
+            return {k: args[k] for k in residual}  # inside the span: the residual was added at its start
+        if call.capture and first:
+            call.starts[span.index] = {k: v.clone() for k, v in args.items()
+                                       if isinstance(v, torch.Tensor) and k in ("img", "txt")}
+        out = original(args)
+        call.ran_spans.add(span.index)
+        if call.capture and last and span.index in call.starts:
+            start = call.starts.pop(span.index)
+            if all(isinstance(v, torch.Tensor) and k in start and start[k].shape == v.shape for k, v in out.items()):
+                call.residuals[span.index] = {k: v - start[k] for k, v in out.items()}
+        return out

@@ -1,0 +1,113 @@
+"""The compile cache holds code (torch loads compiled kernels and unpickles graphs from it; the background child
+unpickles its jobs from it), so the pack creates it owner-only and refuses, with one warning that names the
+problem and the fix, a cache that another user owns, that group or others can write to, or that holds a symbolic
+link. A refused cache is left exactly as it was, and compiling goes on without it (accel/cache/trust.py). The job
+folders a killed ComfyUI leaves in it are swept by the next process (background/parent.py)."""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def store(accel_pack):
+    return sys.modules[accel_pack.__name__ + ".accel.cache.store"]
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def listing(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): mode(p) for p in sorted(root.rglob("*"))}
+
+
+def test_a_new_cache_is_owner_only(store, tmp_path):
+    root = tmp_path / "not-yet" / "cache"
+    env = store.EnvironmentCache(root, "cpu")
+    assert env.check_usable(), env.problem
+    for path in (tmp_path / "not-yet", root, env.dir, env.inductor_dir, env.artifacts_dir):
+        assert mode(path) == 0o700, (path, oct(mode(path)))
+    assert mode(env.dir / "fingerprint.json") == 0o600
+    artifact = env.artifacts_dir / "somekey" / "graphs.bin"
+    store.write_atomic(artifact, store.pack_artifact(b"payload", "a kind"))
+    assert mode(artifact.parent) == 0o700 and mode(artifact) == 0o600
+
+
+def _make_untrusted(problem: str, root: Path, env) -> None:
+    if problem == "group-writable":
+        os.chmod(root, 0o770)
+    elif problem == "world-writable":
+        os.chmod(root, 0o777)
+    elif problem == "another user's":
+        os.chown(root, 4321, 4321)  # the suite runs as root in CI; skipped otherwise (below)
+    elif problem == "a symbolic link inside":
+        elsewhere = root.parent / "elsewhere"
+        elsewhere.mkdir(mode=0o700)
+        env.dir.mkdir(mode=0o700)
+        env.artifacts_dir.symlink_to(elsewhere, target_is_directory=True)
+
+
+@pytest.mark.parametrize("problem, said", [
+    ("group-writable", "writable by group or others (mode 770)"),
+    ("world-writable", "writable by group or others (mode 777)"),
+    ("another user's", "is owned by uid 4321"),
+    ("a symbolic link inside", "is a symbolic link"),
+])
+def test_an_untrusted_cache_is_refused_with_the_fix_and_left_as_it_was(store, tmp_path, caplog, problem, said):
+    if problem == "another user's" and os.geteuid() != 0:
+        pytest.skip("making a directory another user's needs root")
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    env = store.EnvironmentCache(root, "cpu")
+    _make_untrusted(problem, root, env)
+    before = listing(root)
+    with caplog.at_level(logging.WARNING, logger="comfyui_accel"):
+        assert not env.check_usable()
+        assert not env.check_usable()  # checked once: one warning
+        with env.compiling("somekey", "a kind"):  # a compiled call's scope: torch keeps its own cache
+            assert not os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").startswith(str(root))
+    assert said in env.problem, env.problem
+    warnings = [r.getMessage() for r in caplog.records if "compile cache: not used" in r.getMessage()]
+    assert len(warnings) == 1 and said in warnings[0] and "ACCEL_CACHE_DIR" in warnings[0], warnings
+    assert listing(root) == before, "a refused cache was changed"
+    assert env.describe()["writable"] is False
+
+
+def test_an_artifact_others_can_write_is_not_loaded_nor_deleted(store, tmp_path, caplog):
+    env = store.EnvironmentCache(tmp_path / "cache", "cpu")
+    assert env.check_usable(), env.problem
+    artifact = env.artifacts_dir / "somekey" / "graphs.bin"
+    store.write_atomic(artifact, store.pack_artifact(b"payload", "a kind"))
+    os.chmod(artifact, 0o666)
+    with caplog.at_level(logging.WARNING, logger="comfyui_accel"):
+        assert env.load_file(artifact) is False
+    assert artifact.exists(), "a file that may not be this user's was deleted"
+    assert env.stats["artifacts_skipped_untrusted"] == 1 and env.stats["artifacts_loaded"] == 0
+    assert any("writable by group or others" in r.getMessage() and str(artifact) in r.getMessage()
+               for r in caplog.records), caplog.text
+
+
+def test_job_folders_of_ended_processes_are_swept(accel_pack, tmp_path):
+    """A ComfyUI killed while its background child compiled leaves the job's folder in the cache; the next
+    process's first job deletes the folders of processes that are gone, and only those."""
+    import subprocess
+
+    parent = sys.modules[accel_pack.__name__ + ".accel.compile.background.parent"]
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    jobs = tmp_path / "jobs"
+    host = parent.folder_name("job").split("-")[1]
+    names = [f"job-{host}-{ended.pid}-1", f"worker-{host}-{ended.pid}-2",  # gone: swept
+             parent.folder_name("job"), f"worker-{host}-1-4",  # this process's, a live process's
+             f"job-another.host-{ended.pid}-5", "1234-5", "notes"]  # another host's (its own pids), strangers
+    for name in names:
+        (jobs / name).mkdir(parents=True)
+        (jobs / name / "job.pkl").write_bytes(b"")
+    assert sorted(parent.sweep_stale_jobs(jobs)) == sorted(names[:2])
+    assert sorted(p.name for p in jobs.iterdir()) == sorted(names[2:])

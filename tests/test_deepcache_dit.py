@@ -1,0 +1,162 @@
+"""DeepCache on transformer models (accel/deepcache/dit_paths.py): on a reused step the middle blocks' cached
+residual replaces their work, and only the first and last blocks run.
+
+Flux (with ACCEL_ALL_FAMILIES=1) and HunyuanVideo (double- and single-stream lists) are the project's generated
+files through ComfyUI's UNETLoader; SD3 and Wan 2.1 are the same generated families with 4 blocks instead of 2 (a middle to skip), loaded
+from their state dicts by ComfyUI's own diffusion-model loader (detection picks the family's class). Sampling is
+ComfyUI's own, with conditioning tensors of the family's widths, at cfg 2 so that cond and uncond both run.
+Not covered here: Qwen-Image (the generated file has one 3072-wide block; three would be over 2 GB), Chroma (one
+block per list), LTX-Video (2 blocks).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import pytest
+import torch
+
+import families
+from deepcache_runs import deepcache, split_cond_uncond
+from tools import family_models
+
+CFG = 2.0  # cond and uncond: two chunks per call
+STEPS = {"flux": 4}  # interval 3 reuses steps 1 and 2 (the tiny Flux is 3072 wide: CI's time); others 6: 1, 2, 4, 5
+
+
+def deeper(name: str, **config) -> family_models.Family:
+    base = family_models.BY_NAME[name]
+    return dataclasses.replace(base, unet_config={**base.unet_config, **config})
+
+
+DEEPER = {
+    "sd3": deeper("sd3", depth=4, context_embedder_config={
+        "target": "torch.nn.Linear", "params": {"in_features": 4096, "out_features": 256}}),
+    "wan21": deeper("wan21", num_layers=4),
+}
+# The tiny Flux is 3072 wide (a 2 GB file, seconds a step): CI leaves it to HunyuanVideo, which has Flux's two
+# block lists and the same replace patches; ACCEL_ALL_FAMILIES=1 runs it too.
+FLUX = pytest.param("flux", marks=pytest.mark.skipif(
+    os.environ.get("ACCEL_ALL_FAMILIES") != "1",
+    reason="CI's time: HunyuanVideo covers Flux's block lists; ACCEL_ALL_FAMILIES=1 runs Flux too"))
+CASES = ("hunyuan_video", "sd3", "wan21")
+
+
+@pytest.fixture(scope="module")
+def models(comfy_nodes):
+    """Each family's model, loaded at its first test."""
+    import comfy.sd
+
+    class Loaded(dict):
+        def __missing__(self, name):
+            if name in DEEPER:
+                state_dict = family_models.family_state_dict(DEEPER[name], seed=7)
+                self[name] = comfy.sd.load_diffusion_model_state_dict(state_dict)
+            else:
+                self[name] = families.load(comfy_nodes, families.BY_FAMILY[name])
+            return self[name]
+
+    return Loaded()
+
+
+def steps_of(name: str) -> int:
+    return STEPS.get(name, 6)
+
+
+def reused_of(name: str) -> int:
+    """Steps interval 3 reuses: all but one in three, from the first."""
+    return steps_of(name) - math.ceil(steps_of(name) / 3)
+
+
+def run(model, name: str, seed: int = 0, latent_shape=None):
+    family = families.BY_FAMILY[name]
+    return families.sample(model, family, steps=steps_of(name), seed=seed, cfg=CFG, latent_shape=latent_shape)
+
+
+def last_report(pack) -> dict:
+    return next(e for e in reversed(pack.accel.telemetry.snapshot()["events"])
+                if (e["feature"], e["action"]) == ("deepcache", "run"))
+
+
+def bigger(name: str) -> tuple[int, ...]:
+    """The family's latent at twice the batch and 8 more latent pixels a side: another shape entirely."""
+    shape = list(families.BY_FAMILY[name].latent_shape)
+    shape[0] *= 2
+    shape[-1] += 8
+    shape[-2] += 8
+    return tuple(shape)
+
+
+@pytest.mark.parametrize("name", [FLUX, *CASES])
+def test_dit_deepcache_reuses_the_middle_blocks_and_interval_1_changes_nothing(accel_pack, models, name):
+    model = models[name]
+    eager = run(model, name)
+    assert torch.equal(run(deepcache(accel_pack, model, 1, 0), name), eager), "interval 1 changed the output"
+    cached = run(deepcache(accel_pack, model, 3, 0), name)
+    report = last_report(accel_pack)
+    assert report["status"] == "completed" and report["reused_steps"] == reused_of(name), report
+    assert report["shallow_calls"] == reused_of(name) and report["fallback_calls"] == 0, report
+    assert 0 < report["compute_skipped"] < 1 and 0 < report["shallow_share"] < 1, report
+    assert torch.isfinite(cached).all() and not torch.equal(cached, eager), "nothing was reused"
+    error = ((cached - eager).abs().max() / eager.abs().max()).item()
+    assert error < 1.0, f"{name}: the reused residuals gave another picture entirely ({error:.3f})"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_dit_deepcache_leaks_nothing_between_runs(accel_pack, models, name):
+    """Run A, then B at another size and batch with cond and uncond in separate calls, then A again: the second
+    A equals the first bit for bit (every residual lives in its run only)."""
+    model = deepcache(accel_pack, models[name], 3, 0)
+    first = run(model, name, seed=3)
+    other = run(split_cond_uncond(model), name, seed=4, latent_shape=bigger(name))
+    report = last_report(accel_pack)
+    assert report["reused_steps"] == reused_of(name) and report["shallow_calls"] == 2 * reused_of(name), report
+    assert torch.isfinite(other).all()
+    assert torch.equal(run(model, name, seed=3), first), "run A changed after run B"
+
+
+def test_dit_deepcache_with_compile_model_recompiles_nothing_after_the_first_run(accel_pack, models):
+    """Compile Model's compiled blocks serve DeepCache's full steps and the live blocks of its reused ones, in
+    either node order; after the first run nothing compiles again (Dynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    name, model = "wan21", models["wan21"]
+    compile_node = accel_pack.nodes.compile_model.CompileModel()
+
+    def compiled(m):
+        return compile_node.apply(m, "default", "auto", "auto", "always compiled")[0]
+
+    reference = run(deepcache(accel_pack, model, 3, 0), name)
+    for build in (lambda: deepcache(accel_pack, compiled(model), 3, 0),
+                  lambda: compiled(deepcache(accel_pack, model, 3, 0))):
+        out = run(build(), name)
+        assert last_report(accel_pack)["reused_steps"] == reused_of(name)
+        torch.testing.assert_close(out, reference, rtol=1e-3, atol=1e-3)
+        frames = counters["frames"]["ok"]
+        with torch.compiler.set_stance("fail_on_recompile"):
+            run(build(), name, seed=5)
+        assert counters["frames"]["ok"] == frames, "DeepCache made Compile Model recompile after the first run"
+
+
+def test_another_nodes_block_patch_keeps_working_under_deepcache(accel_pack, models):
+    """A PuLID-style replace patch on a block of DeepCache's span still runs on full steps (DeepCache chains
+    it instead of replacing it): with interval 1 the output equals the patched model's alone."""
+    name, model = "wan21", models["wan21"]
+
+    def louder(args, extra):
+        out = extra["original_block"](args)
+        return {**out, "img": out["img"] * 1.05}
+
+    patched = model.clone()
+    patched.set_model_patch_replace(louder, "dit", "double_block", 1)
+    alone = run(patched, name)
+    assert not torch.equal(alone, run(model, name)), "the patch changed nothing"
+    assert torch.equal(run(deepcache(accel_pack, patched, 1, 0), name), alone)
+
+
+def test_too_few_blocks_pass_through_with_the_reason(accel_pack, comfy_nodes, caplog):
+    model = families.load(comfy_nodes, families.BY_FAMILY["ltxv"])  # 2 blocks: no middle
+    with caplog.at_level("WARNING", logger="comfyui_accel"):
+        out = deepcache(accel_pack, model, 3, 0)
+    assert out.model is model.model and "too few blocks" in caplog.text and "passes through" in caplog.text
