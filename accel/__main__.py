@@ -83,7 +83,7 @@ def run(args) -> int:
         print(json.dumps(precompile(args.model, sizes, batches, options, args.cfg), indent=1))
         return 0
 
-    from .cache import cache_root, export_cache, import_cache
+    from .cache import cache_root, disk_info, export_cache, import_cache
     from .cache.location import DIR_NAME, ENV_VAR
 
     if not os.environ.get(ENV_VAR) and not (comfy_dir / "main.py").is_file():
@@ -93,12 +93,7 @@ def run(args) -> int:
     if args.action in ("export", "import") and args.file is None:
         raise PrecompileError(f"cache {args.action} needs a FILE argument")
     if args.action == "info":
-        envs = sorted(p for p in root.iterdir() if (p / "fingerprint.json").is_file()) if root.is_dir() else []
-        print(json.dumps({"root": str(root), "environments": [
-            {"env_id": p.name, "fingerprint": json.loads((p / "fingerprint.json").read_text()),
-             "keys": len([k for k in (p / "artifacts").glob("*") if k.is_dir()]),
-             "megabytes": round(sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 2**20, 1)}
-            for p in envs]}, indent=1))
+        print(json.dumps(disk_info(root), indent=1))
     elif args.action == "export":
         if not root.is_dir():
             raise PrecompileError(f"there is no compile cache at {root} yet; run a workflow or precompile first")

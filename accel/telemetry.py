@@ -5,15 +5,18 @@ on ComfyUI's executor thread while the HTTP route reads from the server's event 
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 _lock = threading.Lock()
 _events: list[dict[str, Any]] = []
 _counters: Counter[str] = Counter()
+_listeners: list[Callable[[dict[str, Any]], None]] = []
 MAX_EVENTS = 1000  # a long-running server must not grow without bound
+log = logging.getLogger("comfyui_accel")
 
 
 def record(feature: str, action: str, **details: Any) -> dict[str, Any]:
@@ -23,7 +26,20 @@ def record(feature: str, action: str, **details: Any) -> dict[str, Any]:
         _events.append(event)
         del _events[:-MAX_EVENTS]
         _counters[f"{feature}.{action}"] += 1
+        listeners = list(_listeners)
+    for listener in listeners:  # outside the lock: a listener may read snapshot()
+        try:
+            listener(event)
+        except Exception as err:  # the web UI's status is never worth a prompt
+            log.warning("[Accel] a status listener failed on %s.%s: %s", feature, action, err)
     return event
+
+
+def subscribe(listener: Callable[[dict[str, Any]], None]) -> None:
+    """Call `listener(event)` after each record (from the thread that recorded it). Subscribing twice is once."""
+    with _lock:
+        if listener not in _listeners:
+            _listeners.append(listener)
 
 
 def snapshot() -> dict[str, Any]:

@@ -32,15 +32,15 @@ class CompileModel:
             "background": ("BOOLEAN", {"default": True, "tooltip": "choose=auto: a cold compile runs in a child "
                                        "process while the blocks run eagerly; the next steps or prompts pick the "
                                        "compiled blocks up. Off: compile at the first step that needs it."}),
-        }}
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
-    def apply(self, model, mode, dynamic, scope, choose="auto", background=True):
+    def apply(self, model, mode, dynamic, scope, choose="auto", background=True, unique_id=None):
         options = CompileOptions(mode=mode, dynamic=dynamic, scope=scope, choose=choose, background=background)
         telemetry.record("compile_model", "applied", options={"mode": mode, "dynamic": dynamic, "scope": scope,
                                                                 "choose": choose, "background": background})
         log.info("[Accel] Compile Model: %s; compiles lazily at the first sampling step%s", options,
                  " (in the background)" if options.compiles_in_background else "")
-        return (compile_model(model, options),)
+        return (compile_model(model, options, owner=unique_id),)
 
 
 class CompileVAE:

@@ -26,18 +26,19 @@ class DeepCache:
             "start_percent": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01}),
             "end_percent": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01}),
             "schedule": (list(deepcache.SCHEDULES), {"default": "uniform"}),
-        }}
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
-    def apply(self, model, cache_interval, cache_depth, start_percent, end_percent, schedule):
+    def apply(self, model, cache_interval, cache_depth, start_percent, end_percent, schedule, unique_id=None):
         options = dict(cache_interval=cache_interval, cache_depth=cache_depth, start_percent=start_percent,
                        end_percent=end_percent, schedule=schedule)
         config = deepcache.DeepCacheConfig(interval=cache_interval, depth=cache_depth, start_percent=start_percent,
-                                           end_percent=end_percent, schedule=schedule)
+                                           end_percent=end_percent, schedule=schedule,
+                                           owner=None if unique_id is None else str(unique_id))
         patched, depth, message = deepcache.apply(model, config)
         if patched is None:
             telemetry.record(deepcache.FEATURE, "unsupported", options=options, reason=message)
             log.warning("[Accel] %s: %s; the model passes through unchanged.", self.DISPLAY_NAME, message)
             return (model.clone(),)
-        telemetry.record(deepcache.FEATURE, "applied", options=options, depth=depth)
+        telemetry.record(deepcache.FEATURE, "applied", options=options, depth=depth, node=config.owner)
         log.info("[Accel] %s: %s.", self.DISPLAY_NAME, message)
         return (patched,)

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 from ..accel import __version__, telemetry
+from . import status
 
 
 def register_routes() -> bool:
-    """Add GET /accel/stats when a ComfyUI server exists (not when ComfyUI is imported as a library)."""
+    """Add GET /accel/stats, GET /accel/status (the latest status of each Accel node, for a page opened or
+    reloaded after it was sent: status.py), GET /accel/cache (the disk cache) and POST /accel/cache/clear (the
+    web UI's panel) when a ComfyUI server exists (not when ComfyUI is a library)."""
     try:
         from aiohttp import web
         from server import PromptServer
@@ -20,4 +23,26 @@ def register_routes() -> bool:
 
         return web.json_response({"version": __version__, **telemetry.snapshot(), "compile": REGISTRY.stats()})
 
+    @PromptServer.instance.routes.get("/accel/status")
+    async def accel_status(request):
+        return web.json_response(status.latest())
+
+    @PromptServer.instance.routes.get("/accel/cache")
+    async def accel_cache(request):
+        from ..accel.compile.cache_control import cache_on_disk
+
+        return web.json_response(cache_on_disk())
+
+    @PromptServer.instance.routes.post("/accel/cache/clear")
+    async def accel_cache_clear(request):
+        """Takes nothing from the request: it clears this server's cache root and nothing else."""
+        from ..accel.cache import CacheBusy
+        from ..accel.compile.cache_control import clear_cache
+
+        try:
+            return web.json_response(clear_cache())
+        except CacheBusy as busy:
+            return web.json_response({"error": str(busy)}, status=409)
+
+    status.install()
     return True

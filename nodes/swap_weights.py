@@ -75,9 +75,10 @@ class SwapWeights:
             raise ValueError(f"Swap Weights: both weights_file ({weights_file}) and weights_model are given; set "
                              f"weights_file to '{NO_FILE}' to use weights_model, or disconnect weights_model.")
         hints = [upstream_loader_file(prompt, unique_id)]
+        owner = None if unique_id is None else str(unique_id)
         if weights_file == NO_FILE:
             if weights_model is None:
                 raise ValueError(f"Swap Weights: pick a weights_file, or connect weights_model and keep "
                                  f"'{NO_FILE}'.")
-            return (swap_from_model(model, weights_model, hints),)
-        return (swap_weights(model, WeightsFile(weights_path(weights_file), label=weights_file), hints),)
+            return (swap_from_model(model, weights_model, hints, owner),)
+        return (swap_weights(model, WeightsFile(weights_path(weights_file), label=weights_file), hints, owner),)

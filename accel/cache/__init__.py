@@ -2,6 +2,7 @@
 Mega-Cache artifacts per compile key, export/import between machines of the same GPU and torch."""
 from .location import ENV_VAR, cache_root
 from .portable import export_cache, import_cache
-from .store import COMPILE_CACHE, EnvironmentCache
+from .store import COMPILE_CACHE, CacheBusy, EnvironmentCache, clear_disk_cache, disk_info
 
-__all__ = ["COMPILE_CACHE", "ENV_VAR", "EnvironmentCache", "cache_root", "export_cache", "import_cache"]
+__all__ = ["COMPILE_CACHE", "CacheBusy", "ENV_VAR", "EnvironmentCache", "cache_root", "clear_disk_cache", "disk_info",
+           "export_cache", "import_cache"]

@@ -326,3 +326,34 @@ class CompileCache:
 
 
 COMPILE_CACHE = CompileCache()
+
+
+class CacheBusy(RuntimeError):
+    """The cache is in use by a compile of this process and cannot be cleared now."""
+
+
+def disk_info(root: Path) -> dict:
+    """What the cache holds on disk: each environment's fingerprint, compile keys and size (`cache info`)."""
+    envs = sorted(p for p in root.iterdir() if (p / "fingerprint.json").is_file()) if root.is_dir() else []
+    return {"root": str(root), "environments": [
+        {"env_id": p.name, "fingerprint": json.loads((p / "fingerprint.json").read_text()),
+         "keys": len([k for k in (p / "artifacts").glob("*") if k.is_dir()]),
+         "megabytes": round(tree_size(p) / 2**20, 1)} for p in envs]}
+
+
+def clear_disk_cache(root: Path) -> dict:
+    """Delete the cache root, every environment in it, as `python -m accel cache clear` does. Graphs this process
+    already holds keep working; the next compile of anything starts afresh and recreates the directories. Refused
+    (CacheBusy) while one of this process's compiles is in its cache scope; the caller checks for background work.
+    """
+    if not _ONE_SCOPE_AT_A_TIME.acquire(blocking=False):
+        raise CacheBusy("a compile is writing to the cache right now")
+    try:
+        removed = tree_size(root) if root.is_dir() else 0
+        shutil.rmtree(root, ignore_errors=True)
+        with COMPILE_CACHE._lock:
+            COMPILE_CACHE._envs.clear()  # the next use checks and recreates its directories (check_usable)
+    finally:
+        _ONE_SCOPE_AT_A_TIME.release()
+    log.info("[Accel] compile cache: removed %s (%.1f MB)", root, removed / 2**20)
+    return {"root": str(root), "removed_megabytes": round(removed / 2**20, 1)}

@@ -65,6 +65,12 @@ def model_record(base_model, options: CompileOptions, device: torch.device, whol
     return record
 
 
+def records_of(base_model) -> list[ModelRecord]:
+    """Every record of `base_model`'s diffusion model (its options and devices so far)."""
+    state = _states.get(base_model.diffusion_model)
+    return list(state.records.values()) if state is not None else []
+
+
 def _sites(diffusion_model: torch.nn.Module, whole_model: bool, state: _ModelState) -> list[BlockSite]:
     if whole_model not in state.sites:
         sites = [whole_model_site(diffusion_model)] if whole_model else find_repeated_blocks(diffusion_model)

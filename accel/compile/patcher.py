@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 
+from .. import telemetry
 from .auto_mode import finish_call, inputs_key, plan_call, start_call
 from .background import IDLE_GATE
 from .blocks import cannot_compile_reason
@@ -25,15 +26,18 @@ from .kinds import wait_for_device
 from .model_record import model_record
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
+from .status import note_owner
 
 WRAPPER_KEY = "accel.compile_model"
 
 
-def compile_model(patcher, options: CompileOptions):
-    """A clone of `patcher` whose diffusion model runs compiled blocks. Compiles nothing yet."""
+def compile_model(patcher, options: CompileOptions, owner: str | None = None):
+    """A clone of `patcher` whose diffusion model runs compiled blocks. Compiles nothing yet. `owner` (the web
+    UI's node id) is who status.py reports this model's state to."""
     import comfy.patcher_extension
 
     model = patcher.clone()
+    note_owner(owner, model.model)
     wrappers = comfy.patcher_extension.WrappersMP
     for kind, wrapper in ((wrappers.APPLY_MODEL, CompiledApplyModel(options)),
                           (wrappers.OUTER_SAMPLE, mark_sampling_run)):
@@ -50,6 +54,7 @@ def mark_sampling_run(executor, *args, **kwargs):
         return executor(*args, **kwargs)
     finally:
         IDLE_GATE.sampling_ended()
+        telemetry.record("compile_model", "run")  # the models' states may have moved (status.py)
 
 
 class CompiledApplyModel:

@@ -42,6 +42,7 @@ class DeepCacheConfig:
     start_percent: float = 0.0
     end_percent: float = 1.0
     schedule: str = "uniform"
+    owner: str | None = None  # who applied it (the web UI's node id), named in its run reports; changes nothing
 
     def __post_init__(self):
         if self.interval < 1:
@@ -145,6 +146,7 @@ class RunState:
             "compute_skipped": round(self.skipped_flops / self.flops, 4) if self.flops else None,
             "estimate": estimate,
             "interval": self.config.interval, "depth": self.depth, "schedule": self.config.schedule,
+            "node": self.config.owner,
         }
 
 

@@ -32,34 +32,35 @@ SWAP_LOCK = threading.RLock()
 class SwapPlan:
     source: WeightsFile | ModelWeights
     origin_hints: list[str] = field(default_factory=list)  # files the model was probably loaded from
+    owner: str | None = None  # who asked for it (the web UI's node id), named in its events
 
 
-def swap_weights(patcher, source, origin_hints: list[str] | None = None):
+def swap_weights(patcher, source, origin_hints: list[str] | None = None, owner: str | None = None):
     """A clone of `patcher` whose base weights become `source`'s when ComfyUI loads it. Raises ValueError, with
-    the input untouched, when the source does not fit the model."""
+    the input untouched, when the source does not fit the model. `owner` names the asker in the events."""
     import comfy.patcher_extension as ext
 
     patcher = _non_dynamic(patcher)
     check_fits(source, patcher)
     out = _without_swap(patcher)
-    out.set_attachments(KEY, SwapPlan(source, list(origin_hints or [])))
+    out.set_attachments(KEY, SwapPlan(source, list(origin_hints or []), owner))
     out.add_callback_with_key(ext.CallbacksMP.ON_LOAD, KEY, _on_load)
     out.add_wrapper_with_key(ext.WrappersMP.PREPARE_SAMPLING, KEY, _prepare_sampling)
-    telemetry.record("swap_weights", "prepared", source=source.label, kind=source.kind)
+    telemetry.record("swap_weights", "prepared", source=source.label, kind=source.kind, node=owner)
     log.info("[Accel] Swap Weights: %s fits the model; its weights are streamed in when the model loads", source.label)
     return out
 
 
-def swap_from_model(patcher, weights_model, origin_hints: list[str] | None = None):
+def swap_from_model(patcher, weights_model, origin_hints: list[str] | None = None, owner: str | None = None):
     """Swap to another MODEL's base weights. A swapped MODEL gives its source; a clone of the same model gives the
     original weights back."""
     plan = weights_model.get_attachment(KEY)
     if plan is not None:
-        return swap_weights(patcher, plan.source, origin_hints)
+        return swap_weights(patcher, plan.source, origin_hints, owner)
     if weights_model.model is patcher.model:
-        telemetry.record("swap_weights", "prepared", source="original weights", kind="origin")
+        telemetry.record("swap_weights", "prepared", source="original weights", kind="origin", node=owner)
         return _without_swap(patcher)
-    return swap_weights(patcher, ModelWeights(weights_model), origin_hints)
+    return swap_weights(patcher, ModelWeights(weights_model), origin_hints, owner)
 
 
 def plan_of(patcher) -> SwapPlan | None:
@@ -98,13 +99,15 @@ def _on_load(patcher, device_to, lowvram_model_memory, force_patch_weights, full
         try:
             stats = ledger.sync(patcher, plan.source, plan.origin_hints, force_patch_weights)
         except BaseException as err:
-            telemetry.record("swap_weights", "rolled_back", source=plan.source.label,
+            telemetry.record("swap_weights", "rolled_back", source=plan.source.label, node=plan.owner,
                              tensors_done=ledger.last.get("tensors", 0), reason=f"{type(err).__name__}: {err}"[:300])
             log.warning("[Accel] Swap Weights: swapping in %s stopped (%s: %s); the model's original weights "
                         "are restored", plan.source.label, type(err).__name__, err)
             raise
         if stats["tensors"]:  # recorded under the lock: event times never overlap another swap's
-            telemetry.record("swap_weights", "swapped", **stats)
+            telemetry.record("swap_weights", "swapped", node=plan.owner, **stats)
+        elif plan.owner is not None:  # the web UI still says which weights the model has
+            telemetry.record("swap_weights", "in_place", node=plan.owner, source=plan.source.label)
     if stats["tensors"]:
         log.info("[Accel] Swap Weights: %s in %.2f s (%d tensors, %.0f MB%s)", stats["source"], stats["seconds"],
                  stats["tensors"], stats["bytes"] / 2**20,

@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 
+from ... import telemetry
 from .idle_gate import IDLE_GATE
 from .preload import PRELOADER
 from .state import KindBackground
@@ -112,6 +113,7 @@ class CpuChecks:
             background.cpu_checks_done()
         PRELOADER.cpu_checks_done()
         log.info("[Accel] inductor's CPU checks done in %.1f s off the prompt's path", self.seconds)
+        telemetry.record("compile_model", "cpu_checks_done", seconds=self.seconds)  # kinds found in the cache move
 
 
 CPU_CHECKS = CpuChecks()

@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from ... import telemetry
 from ...cache.trust import make_private_dirs
 from ...env_settings import env_float
 from .cpu_checks import CPU_CHECKS
@@ -253,6 +254,15 @@ class BackgroundCompiler:
         self._worker = Worker(process, key, directory)
         return self._worker
 
+    def retire_idle_worker(self) -> bool:
+        """End the waiting child now, if no job runs or waits (before the cache it works in is cleared); False
+        when there is background work."""
+        with self._lock:
+            if self.has_jobs:
+                return False
+            self._retire_worker()
+            return True
+
     def _retire_when_idle(self, device_type: str) -> None:
         """After a job on `device_type`, with none queued (the lock held): the child goes after the idle time, or
         now."""
@@ -351,6 +361,7 @@ class BackgroundCompiler:
                   "wall_seconds": round(wall, 1), "returncode": returncode,
                   "peak_rss_mib": results.get("peak_rss_mib"), "failed": failed}
         self.history.append(record)
+        telemetry.record("compile_model", "background_done", kinds=record["kinds"], failed=failed)
         if failed:
             log_path = job.worker.directory / "log.txt"
             tail = log_path.read_text(errors="replace")[-2000:]

@@ -33,6 +33,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from ... import telemetry
 from .idle_gate import IDLE_GATE
 from .state import BackgroundState
 
@@ -163,6 +164,7 @@ class Preloader:
         entry.background.preloaded(seconds)
         self.loaded.append({"kind": entry.kind.label, "frames": frames, "seconds": round(seconds, 2)})
         log.info("[Accel] Compile Model: loaded %s between prompts in %.1f s", entry.kind.label, seconds)
+        telemetry.record("compile_model", "preloaded", kind=entry.kind.label, seconds=round(seconds, 2))
 
     def stats(self) -> dict:
         return {"pending": self.pending, "loaded": list(self.loaded[-20:])}

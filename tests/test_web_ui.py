@@ -1,0 +1,199 @@
+"""The web UI in a real browser: Debian's Chromium, driven by Playwright, on a started ComfyUI server with its own
+frontend and this pack in custom_nodes. The pack's templates load as the Templates dialog loads them, and the
+Accel nodes show the status the server sends over the websocket, also after a reload.
+
+ACCEL_SCREENSHOT_DIR=docs/ui keeps a screenshot of each state (the README shows them).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.browser import comfy_page
+from tools.comfy_server import ComfyServer
+
+pytestmark = pytest.mark.server
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = ("accel_flux", "accel_lora_compile", "accel_swap_weights", "accel_txt2img")
+SETTLED = ("compiled", "eager")
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    """One server and one page for the module: (server, page). The server has a compile cache of its own: the
+    panel test clears it."""
+    base = tmp_path_factory.mktemp("web-ui")
+    with ComfyServer(base, env={"ACCEL_CACHE_DIR": str(base / "accel-cache")}) as server, comfy_page(server) as page:
+        page.evaluate("""() => {
+            window.accelSeen = [];
+            window.comfyAPI.api.api.addEventListener("accel.status", ({detail}) => window.accelSeen.push(detail));
+        }""")
+        yield server, page
+        pack_errors = [entry for entry in page.accel_log if _from_the_pack(entry)]
+        assert not pack_errors, f"errors from the pack's files or routes in the page: {pack_errors}"
+
+
+def _from_the_pack(entry: tuple[str, str]) -> bool:
+    kind, text = entry
+    if kind in ("requestfailed", "http"):
+        return "comfyui-accel" in text or "/accel/" in text
+    return kind in ("error", "pageerror") and ("accel" in text.lower())
+
+
+def screenshot(page, name: str) -> None:
+    directory = os.environ.get("ACCEL_SCREENSHOT_DIR")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(directory) / f"{name}.png"))
+
+
+def open_template(page, name: str) -> dict:
+    """Fetch a template from /api/workflow_templates and load it as the Templates dialog does; returns the
+    loaded graph's node types by id."""
+    page.evaluate("""async (name) => {
+        const response = await window.comfyAPI.api.api.fetchApi(`/workflow_templates/comfyui-accel/${name}.json`);
+        if (!response.ok) throw new Error(`template ${name}: HTTP ${response.status}`);
+        await window.app.loadGraphData(await response.json(), true, true, name);
+    }""", name)
+    time.sleep(0.5)
+    return page.evaluate("() => Object.fromEntries(window.app.graph._nodes.map(n => [String(n.id), n.type]))")
+
+
+def error_dialogs(page) -> list[str]:
+    """Dialogs, and warning or error toasts (the frontend's alert for a workflow it cannot read is one)."""
+    shown = page.query_selector_all(".p-dialog, .p-toast-message-warn, .p-toast-message-error")
+    return [d.inner_text()[:500] for d in shown if d.is_visible()]
+
+
+def node_id(nodes: dict, node_type: str) -> str:
+    return next(i for i, t in nodes.items() if t == node_type)
+
+
+def status_of(page, node: str) -> dict | None:
+    return page.evaluate("(id) => window.app.graph.getNodeById(Number(id))?.accelStatus ?? null", node)
+
+
+def wait_status(page, node: str, states: tuple[str, ...], timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = status_of(page, node)
+        if status and status["state"] in states:
+            return status
+        time.sleep(0.5)
+    raise AssertionError(f"node {node} never showed {states}: last {status_of(page, node)}")
+
+
+def queue_and_wait(page, server, timeout: float = 300) -> None:
+    before = len(server.get_json("/history"))
+    page.evaluate("async () => { await window.app.queuePrompt(0, 1); }")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        history = server.get_json("/history")
+        if len(history) > before:
+            entry = list(history.values())[-1]
+            assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[-3000:]
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the queued prompt did not finish in {timeout:.0f} s:\n{server.log_tail()}")
+
+
+def test_every_template_loads_with_its_nodes_and_thumbnail(ui):
+    server, page = ui
+    listed = server.get_json("/api/workflow_templates")
+    assert sorted(listed.get("comfyui-accel", [])) == sorted(TEMPLATES), listed
+    for name in TEMPLATES:
+        nodes = open_template(page, name)
+        if name == "accel_flux":
+            screenshot(page, "template_accel_flux")
+        assert not error_dialogs(page), f"{name}: {error_dialogs(page)}"
+        api_copy = json.loads((ROOT / "workflows_api" / f"{name}_api.json").read_text())
+        assert sorted(nodes.values()) == sorted(n["class_type"] for n in api_copy.values()), name
+        assert any(t.startswith("Accel") for t in nodes.values())
+        spots = page.evaluate("() => window.app.graph._nodes.map(n => n.pos.join())")
+        assert len(set(spots)) == len(spots), f"{name}: nodes on top of each other: {spots}"
+        thumbnail = page.request.get(f"{server.url}/api/workflow_templates/comfyui-accel/{name}.jpg")
+        assert thumbnail.ok and thumbnail.headers["content-type"] == "image/jpeg", name
+
+
+def test_nodes_show_status_from_the_server_and_after_a_reload(ui):
+    server, page = ui
+    nodes = open_template(page, "accel_txt2img")
+    compile_node, deepcache_node = node_id(nodes, "AccelCompileModel"), node_id(nodes, "AccelDeepCache")
+    queue_and_wait(page, server)
+    deepcache = wait_status(page, deepcache_node, ("completed",), timeout=30)
+    assert "reused deep features on 4 of 6 steps" in deepcache["text"], deepcache  # interval 3
+    first = wait_status(page, compile_node, ("compiling", "loading", "checking") + SETTLED, timeout=30)
+    screenshot(page, "status_compiling")
+    if first["state"] == "compiling":  # the panel's clear button is refused while anything compiles
+        refused = page.request.post(f"{server.url}/accel/cache/clear")
+        assert refused.status == 409 and "background compile" in refused.json()["error"], refused.text()
+        assert Path(server.get_json("/accel/cache")["root"]).is_dir()
+    # The background compile ends between prompts; a few more prompts time compiled against eager.
+    for _ in range(4):
+        status = status_of(page, compile_node)
+        if status["state"] in SETTLED:
+            break
+        if status["state"] in ("compiling", "loading"):  # the server's next message moves it, no prompt needed
+            status = wait_status(page, compile_node, ("checking",) + SETTLED, timeout=400)
+        if status["state"] not in SETTLED:
+            queue_and_wait(page, server)
+    status = wait_status(page, compile_node, SETTLED, timeout=60)
+    if status["state"] == "compiled":
+        assert "kinds compiled" in status["text"], status
+    else:
+        assert status["text"].startswith("eager: "), status
+    seen = page.evaluate("() => window.accelSeen")
+    seen_states = [m["state"] for m in seen if m["node"] == compile_node]
+    assert first["state"] in seen_states and status["state"] in seen_states, seen_states
+    screenshot(page, "status_settled")
+
+    # A reload: the page asks GET /accel/status and shows the same statuses on the same workflow.
+    page.reload()
+    page.wait_for_function("window.app && window.app.graph && window.app.canvas", timeout=90_000)
+    open_template(page, "accel_txt2img")
+    page.wait_for_function("(id) => window.app.graph.getNodeById(Number(id))?.accelStatus", arg=compile_node,
+                           timeout=30_000)
+    assert status_of(page, compile_node)["text"] == status["text"]
+    assert status_of(page, deepcache_node)["text"] == deepcache["text"]
+
+
+def test_swap_weights_shows_the_copy(ui):
+    server, page = ui
+    page.evaluate("""() => {
+        window.accelSeen = window.accelSeen || [];
+        window.comfyAPI.api.api.addEventListener("accel.status", ({detail}) => window.accelSeen.push(detail));
+    }""")
+    nodes = open_template(page, "accel_swap_weights")
+    swap_node = node_id(nodes, "AccelSwapWeights")
+    time.sleep(1)  # a few frames drawn: a status another workflow's node of this id had must not show here
+    assert status_of(page, swap_node) is None or status_of(page, swap_node)["feature"] == "swap_weights"
+    queue_and_wait(page, server)
+    status = wait_status(page, swap_node, ("swapped",), timeout=60)
+    assert "accel-sd15-small-b.safetensors" in status["text"], status
+    screenshot(page, "status_swap_weights")
+
+
+def test_panel_lists_the_compiled_kinds_and_clears_the_disk_cache(ui):
+    server, page = ui
+    deadline = time.monotonic() + 300  # the swap's run may have left background work: clear waits for none
+    while server.get_json("/accel/stats")["compile"]["background"]["busy"] and time.monotonic() < deadline:
+        time.sleep(1)
+    root = Path(server.get_json("/accel/cache")["root"])
+    assert root.is_dir() and server.get_json("/accel/cache")["environments"], "the runs before left no cache"
+    page.click(".accel-tab-button")
+    page.wait_for_selector(".accel-panel", timeout=30_000)
+    panel = page.inner_text(".accel-panel")
+    kinds = [k["kind"] for k in server.get_json("/accel/stats")["compile"]["kinds"]]
+    assert kinds and all(kind in panel for kind in kinds), (kinds, panel[:2000])
+    assert str(root) in panel and "Disk cache" in panel
+    screenshot(page, "panel")
+    page.click(".accel-clear-cache")
+    page.wait_for_function("() => document.querySelector('.accel-message')?.textContent.startsWith('Removed')",
+                           timeout=30_000)
+    assert not root.exists(), f"{root} still on disk after the panel cleared it"
+    assert server.get_json("/accel/cache")["environments"] == []
+    page.click(".accel-tab-button")  # closes the panel

@@ -1,0 +1,84 @@
+"""A real browser on a started ComfyUI server: Debian's Chromium driven by Playwright for Python, for the browser
+tests and the template builder. Playwright's own browser download cannot work on the project's machines, so it is
+pointed at the system binary (installed by `make setup`: tools/setup_env.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
+APP_READY = "window.app && window.app.graph && window.app.canvas"
+
+
+def chromium_path() -> str | None:
+    """The system Chromium: $ACCEL_CHROMIUM, else the first one on PATH."""
+    configured = os.environ.get("ACCEL_CHROMIUM")
+    if configured:
+        return configured if Path(configured).exists() else None
+    return next((found for name in CHROMIUM_CANDIDATES if (found := shutil.which(name))), None)
+
+
+MISSING_CHROMIUM = ("no Chromium found: `make setup` installs Debian's package (apt-get install chromium); elsewhere "
+                    "install one and put it on PATH, or set ACCEL_CHROMIUM to its binary")
+
+
+@contextlib.contextmanager
+def comfy_page(server, viewport=(1400, 900)):
+    """A page with ComfyUI's frontend open on `server` and ready (window.app exists); console messages and failed
+    requests collected in page.accel_log as (kind, text) pairs. The first-run templates dialog is turned off
+    through ComfyUI's own settings route, as a returning user has it."""
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium_path()
+    if executable is None:
+        raise RuntimeError(MISSING_CHROMIUM)
+    server.post_json("/settings/Comfy.TutorialCompleted", True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+            page.accel_log = []
+            page.on("console", lambda m: page.accel_log.append((m.type, m.text)))
+            page.on("pageerror", lambda e: page.accel_log.append(("pageerror", str(e))))
+            page.on("requestfailed", lambda r: page.accel_log.append(("requestfailed", r.url)))
+            page.on("response", lambda r: r.status >= 400 and page.accel_log.append(("http", f"{r.status} {r.url}")))
+            page.goto(server.url)
+            page.wait_for_function(APP_READY, timeout=90_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def load_api_workflow(page, graph: dict, name: str) -> None:
+    """Open an API-format workflow in the page as the frontend does for one dropped in (app.loadApiJson)."""
+    page.evaluate("async ([g, n]) => { await window.app.loadApiJson(g, n); }", [graph, name])
+    # The frontend lays the nodes out after it has drawn them once: wait until they no longer share one spot.
+    page.wait_for_function("() => new Set(window.app.graph._nodes.map(n => n.pos.join())).size > 1",
+                           timeout=30_000)
+
+
+def fit_and_capture(page) -> bytes:
+    """Fit the canvas on every node and return the canvas as a JPEG (the graph only: no dialogs or banners)."""
+    import base64
+
+    data_url = page.evaluate("""() => {
+        const app = window.app, canvas = app.canvas, el = canvas.canvas;
+        let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+        for (const node of app.graph._nodes) {
+            x0 = Math.min(x0, node.pos[0]); y0 = Math.min(y0, node.pos[1] - 30);
+            x1 = Math.max(x1, node.pos[0] + node.size[0]); y1 = Math.max(y1, node.pos[1] + node.size[1]);
+        }
+        const scale = 0.95 * Math.min(el.width / (x1 - x0), el.height / (y1 - y0));
+        canvas.ds.scale = scale;
+        canvas.ds.offset = [el.width / (2 * scale) - (x0 + x1) / 2, el.height / (2 * scale) - (y0 + y1) / 2];
+        const renderInfo = canvas.render_info;
+        canvas.render_info = false;  // LiteGraph's frame counters are not part of the picture
+        canvas.setDirty(true, true);
+        canvas.draw(true, true);
+        canvas.render_info = renderInfo;
+        return el.toDataURL("image/jpeg", 0.85);
+    }""")
+    return base64.b64decode(data_url.split(",", 1)[1])
