@@ -42,6 +42,12 @@ def subscribe(listener: Callable[[dict[str, Any]], None]) -> None:
             _listeners.append(listener)
 
 
+def unsubscribe(listener: Callable[[dict[str, Any]], None]) -> None:
+    with _lock:
+        if listener in _listeners:
+            _listeners.remove(listener)
+
+
 def snapshot() -> dict[str, Any]:
     with _lock:
         return {"counters": dict(_counters), "events": list(_events)}

@@ -19,14 +19,27 @@ from compile_helpers import SMALL_B, apply_model, assert_close_to_eager, dynamo_
 
 
 @pytest.fixture(scope="module")
-def compiled_small(engine, comfy_nodes):
-    """The small model compiled (always the compiled path) and sampled once, with its eager reference."""
+def compiled_small(engine, comfy_nodes, accel_pack):
+    """The small model compiled (always the compiled path) and sampled once, with its eager reference, and what
+    the web UI's status said (engine.status) each time a kind compiled in the prompt's path."""
     model = load(comfy_nodes)
     eager = sample(model)
-    compiled = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
+    compiled = engine.compile_model(model, engine.CompileOptions(choose="always compiled"), owner="test-node")
+    statuses = []
+
+    def on_event(event):
+        if event["action"] == "compiling_now":
+            statuses.append(engine.status.model_status(compiled.model))
+
+    telemetry = accel_pack.accel.telemetry
+    telemetry.subscribe(on_event)
     frames = dynamo_frames()
-    out = sample(compiled)
-    return {"model": model, "compiled": compiled, "eager": eager, "out": out, "first_frames": dynamo_frames() - frames}
+    try:
+        out = sample(compiled)
+    finally:
+        telemetry.unsubscribe(on_event)
+    return {"model": model, "compiled": compiled, "eager": eager, "out": out, "first_frames": dynamo_frames() - frames,
+            "statuses_while_compiling": statuses}
 
 
 def test_compiled_sampling_equals_eager(compiled_small, engine):
@@ -36,6 +49,18 @@ def test_compiled_sampling_equals_eager(compiled_small, engine):
     kinds = {k["kind"]: k for k in stats["kinds"]}
     assert {"ResBlock[320->320]", "SpatialTransformer[320->320, 8 heads]", "ResBlock[640->320]"} <= set(kinds)
     assert all(k["cache_hits"] > 0 for k in kinds.values() if k["kind"].startswith(("ResBlock", "Spatial")))
+
+
+def test_status_says_the_prompt_waits_while_a_kind_compiles_in_its_path(compiled_small, engine):
+    """What the Compile Model node shows in the web UI (nodes/status.py sends it): while a kind compiles in the
+    prompt's path, that it does and that the prompt waits; after the run, how many kinds are compiled."""
+    during = compiled_small["statuses_while_compiling"]
+    assert len(during) >= 3, during  # one per kind at least (and per new input shape)
+    assert all(s["state"] == "compiling" and "in the prompt's path" in s["text"] for s in during), during
+    assert any("SpatialTransformer" in s["text"] for s in during), during
+    after = engine.status.model_status(compiled_small["compiled"].model)
+    assert after["state"] == "compiled" and after["text"].startswith("3 of 3 kinds compiled"), after
+    assert engine.status.owner_statuses()["test-node"] == after
 
 
 def test_node_input_model_is_untouched(compiled_small):

@@ -319,6 +319,11 @@ class CompileCache:
                 found = self._envs[(str(root), device_type)] = EnvironmentCache(root, device_type)
             return found
 
+    def forget_environments(self) -> None:
+        """After the directories were deleted: the next use of each environment checks and recreates them."""
+        with self._lock:
+            self._envs.clear()
+
     def stats(self) -> dict:
         with self._lock:
             envs = list(self._envs.values())
@@ -351,8 +356,7 @@ def clear_disk_cache(root: Path) -> dict:
     try:
         removed = tree_size(root) if root.is_dir() else 0
         shutil.rmtree(root, ignore_errors=True)
-        with COMPILE_CACHE._lock:
-            COMPILE_CACHE._envs.clear()  # the next use checks and recreates its directories (check_usable)
+        COMPILE_CACHE.forget_environments()
     finally:
         _ONE_SCOPE_AT_A_TIME.release()
     log.info("[Accel] compile cache: removed %s (%.1f MB)", root, removed / 2**20)

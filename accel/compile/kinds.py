@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import telemetry
 from ..cache import COMPILE_CACHE
 from ..cache.store import key_id
 from .background import KindBackground, hold_until_idle
@@ -176,6 +177,7 @@ class KindEntry:
         self.first_shapes: tuple | None = None
         self.dynamic_dims: set[tuple[int, int]] = set()  # (tensor index, dimension)
         self.seen_inputs: set[tuple] = set()  # input signatures already run compiled (see _call_compiled)
+        self.compiling_now = False  # a call of new inputs compiles (or loads) in the prompt's path (status.py)
         # The ways the model calls this kind apart from shapes (which inputs are tensors or None, their memory
         # layouts): each needs graphs of its own, so a shape change costs one compile per variant.
         self.call_variants: set[tuple] = set()
@@ -319,8 +321,13 @@ class KindEntry:
             self.first_call = _layouts_of(call_args, call_kwargs)
         self.call_variants.add(_call_variant(call_args, call_kwargs))
         disk = disk_cache_counters()
-        with COMPILE_CACHE.environment(self.device_type).compiling(self.cache_id, self.name):
-            out = compiled(block, *call_args, **call_kwargs)
+        self.compiling_now = True
+        telemetry.record("compile_model", "compiling_now", kind=self.kind.label)  # the web UI says the prompt waits
+        try:
+            with COMPILE_CACHE.environment(self.device_type).compiling(self.cache_id, self.name):
+                out = compiled(block, *call_args, **call_kwargs)
+        finally:
+            self.compiling_now = False
         self.disk_cache.update(disk_cache_counters() - disk)
         self.seen_inputs.add(signature)
         return out, False
