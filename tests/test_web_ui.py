@@ -163,10 +163,6 @@ def test_nodes_show_status_from_the_server_and_after_a_reload(ui):
 
 def test_swap_weights_shows_the_copy(ui):
     server, page = ui
-    page.evaluate("""() => {
-        window.accelSeen = window.accelSeen || [];
-        window.comfyAPI.api.api.addEventListener("accel.status", ({detail}) => window.accelSeen.push(detail));
-    }""")
     nodes = open_template(page, "accel_swap_weights")
     swap_node = node_id(nodes, "AccelSwapWeights")
     time.sleep(1)  # a few frames drawn: a status another workflow's node of this id had must not show here
