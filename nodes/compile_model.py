@@ -36,17 +36,21 @@ class CompileModel:
 
     def apply(self, model, mode, dynamic, scope, choose="auto", background=True, unique_id=None):
         options = CompileOptions(mode=mode, dynamic=dynamic, scope=scope, choose=choose, background=background)
-        telemetry.record("compile_model", "applied", options={"mode": mode, "dynamic": dynamic, "scope": scope,
-                                                                "choose": choose, "background": background})
         log.info("[Accel] Compile Model: %s; compiles lazily at the first sampling step%s", options,
                  " (in the background)" if options.compiles_in_background else "")
-        return (compile_model(model, options, owner=unique_id),)
+        compiled = compile_model(model, options, owner=unique_id)
+        # recorded once the owner is known, so the node's status shows at once
+        telemetry.record("compile_model", "applied", options={"mode": mode, "dynamic": dynamic, "scope": scope,
+                                                                "choose": choose, "background": background})
+        return (compiled,)
 
 
 class CompileVAE:
     DISPLAY_NAME = "Compile VAE (Accel)"
     CATEGORY = CATEGORY
-    DESCRIPTION = "torch.compile for the VAE's encoder and decoder, compiled at first use."
+    DESCRIPTION = ("torch.compile for the VAE's encoder and decoder. Nothing is compiled when this node runs: a cold "
+                   "decode (or encode) runs eagerly while a background process compiles it, and later ones use it, "
+                   "kept only where faster than eager.")
     RETURN_TYPES = ("VAE",)
     FUNCTION = "apply"
 
@@ -55,8 +59,9 @@ class CompileVAE:
         return {"required": {
             "vae": ("VAE",),
             "mode": (list(MODES), {"default": "default"}),
-        }}
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
-    def apply(self, vae, mode):
-        telemetry.record("compile_vae", "applied", options={"mode": mode})
-        return (compile_vae(vae, CompileOptions(mode=mode)),)
+    def apply(self, vae, mode, unique_id=None):
+        compiled = compile_vae(vae, CompileOptions(mode=mode), owner=unique_id)
+        telemetry.record("compile_vae", "applied", options={"mode": mode})  # after: the node's status names it
+        return (compiled,)

@@ -1,6 +1,8 @@
 """HTTP routes on ComfyUI's server (also mirrored by ComfyUI under /api/...)."""
 from __future__ import annotations
 
+import asyncio
+
 from ..accel import __version__, telemetry
 from . import status
 
@@ -39,8 +41,8 @@ def register_routes() -> bool:
         from ..accel.cache import CacheBusy
         from ..accel.compile.cache_control import clear_cache
 
-        try:
-            return web.json_response(clear_cache())
+        try:  # off the event loop: removing a large cache takes a while, and the server keeps serving meanwhile
+            return web.json_response(await asyncio.get_running_loop().run_in_executor(None, clear_cache))
         except CacheBusy as busy:
             return web.json_response({"error": str(busy)}, status=409)
 

@@ -4,7 +4,8 @@ applied a feature, and Compile Model's per-model state) becomes an `accel.status
 later asks for. web/accel.js draws it on the node.
 
 One message: {"node": id, "feature": compile_model | deepcache | swap_weights | compile_vae, "state": ...,
-"text": one line, "time": ...}.
+"text": one line, "time": ...}. While a kind compiles in a prompt's path, the node that waits for it also gets
+ComfyUI's own "progress" message (kinds compiled so far, of all).
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from ..accel import telemetry
 from ..accel.compile import status as compile_status
 
 EVENT = "accel.status"
+MAX_NODES = 500  # statuses kept for GET /accel/status: a long-running server must not grow without bound
 _lock = threading.Lock()
-_latest: dict[str, dict] = {}  # node id -> its latest status message
+_latest: dict[str, dict] = {}  # node id -> its latest status message, oldest first
 
 
 def install() -> bool:
@@ -40,9 +42,12 @@ def publish(node, feature: str, state: str, text: str, **details) -> None:
     message = {"node": str(node), "feature": feature, "state": state, "text": text, "time": time.time(), **details}
     with _lock:
         previous = _latest.get(message["node"], {})
-        if (previous.get("state"), previous.get("text")) == (state, text):
+        if (previous.get("feature"), previous.get("state"), previous.get("text")) == (feature, state, text):
             return  # nothing new for the page
+        _latest.pop(message["node"], None)  # re-inserted last: the dict stays ordered oldest first
         _latest[message["node"]] = message
+        while len(_latest) > MAX_NODES:
+            del _latest[next(iter(_latest))]
     from server import PromptServer
 
     PromptServer.instance.send_sync(EVENT, message)
@@ -50,10 +55,13 @@ def publish(node, feature: str, state: str, text: str, **details) -> None:
 
 def _on_event(event: dict) -> None:
     feature, action, node = event["feature"], event["action"], event.get("node")
-    if feature == "compile_model":
-        # Any change of compiled state (a run's end, a background job's end) may move every compiled model.
-        for owner, status in compile_status.owner_statuses().items():
-            publish(owner, "compile_model", status["state"], status["text"])
+    if feature in (compile_status.MODEL, compile_status.VAE):
+        # Any change of compiled state (a run's end, a background job's end) may move every compiled model or VAE.
+        statuses = compile_status.owner_statuses()
+        for owner, status in statuses.items():
+            publish(owner, status["feature"], status["state"], status["text"])
+        if action in ("compiling_now", "compiled_now"):
+            _progress_of_the_waiting_node(event["kind"], statuses.values())
     elif node is None:
         return
     elif feature == "deepcache" and action == "run":
@@ -73,3 +81,24 @@ def _on_event(event: dict) -> None:
                 f"{event['reason']}")
     elif feature == "deepcache" and action == "applied":
         publish(node, feature, "waiting", "applied; acts at the next sampling run")
+
+
+def _progress_of_the_waiting_node(kind: str, statuses) -> None:
+    """While a kind compiles in a prompt's path, the node that waits for it (the sampler, VAE Decode) shows
+    ComfyUI's own progress bar: the compiled model's (or VAE's) kinds compiled so far, of all its kinds. Sent
+    only from the thread that runs the prompt's node, the one ComfyUI's progress hook attributes it to; its
+    own progress (the sampler's steps) takes over once the compile is done."""
+    from comfy_execution.utils import get_executing_context
+
+    if get_executing_context() is None:
+        return  # not a prompt's node (a test calling the sampler, a command-line precompile)
+    progress = next((status["progress"] for status in statuses if kind in status["progress"]["kinds"]), None)
+    if progress is None or not progress["total"]:
+        return
+    import comfy.model_management
+    import comfy.utils
+
+    try:
+        comfy.utils.ProgressBar(progress["total"]).update_absolute(progress["done"], progress["total"])
+    except comfy.model_management.InterruptProcessingException:
+        pass  # the user interrupted: the prompt's node raises it at its own next check

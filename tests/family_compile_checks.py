@@ -64,12 +64,19 @@ def check_compile_model_on_family(engine, comfy_nodes, family: FamilyCase) -> No
     labels = [k["kind"] for k in kinds]
     assert len(set(labels)) == len(labels), f"two kinds share a label: {labels}"
     assert not [k for k in kinds if k["background"]["state"] == "failed"], kinds
+    # what the Compile Model node says in the web UI (nodes/status.py): no longer compiling, every kind counted
+    status = engine.status.model_status(auto.model)
+    assert status["state"] in ("loading", "checking", "compiled", "eager"), status
+    assert status["progress"]["total"] == len(kinds), (status, kinds)
 
     # choose=always compiled: compiled from the first call (the same graphs: choose is not part of the key).
     always = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
     assert_close_to_eager(sample(always, family), eager, f"{family.name}: always compiled")
     always_kinds = own_kinds(engine, always, "always compiled")
     assert all(k["compiles"] >= 1 for k in always_kinds), always_kinds
+    n = len(always_kinds)
+    status = engine.status.model_status(always.model, "always compiled")
+    assert status["state"] == "compiled" and status["text"].startswith(f"{n} of {n} kinds compiled"), status
     # Each kind is one graph: no per-call read of free memory by ComfyUI's CPU attention (replaced inside compiled
     # blocks, also where a block takes its transformer_options through **kwargs, as SD3's does), nothing else.
     assert dynamo_graph_breaks() == breaks, f"{family.name}: a compiled block broke into several graphs"

@@ -29,7 +29,7 @@ def compiled_small(engine, comfy_nodes, accel_pack):
 
     def on_event(event):
         if event["action"] == "compiling_now":
-            statuses.append(engine.status.model_status(compiled.model))
+            statuses.append(engine.status.model_status(compiled.model, "always compiled"))
 
     telemetry = accel_pack.accel.telemetry
     telemetry.subscribe(on_event)
@@ -58,9 +58,15 @@ def test_status_says_the_prompt_waits_while_a_kind_compiles_in_its_path(compiled
     assert len(during) >= 3, during  # one per kind at least (and per new input shape)
     assert all(s["state"] == "compiling" and "in the prompt's path" in s["text"] for s in during), during
     assert any("SpatialTransformer" in s["text"] for s in during), during
-    after = engine.status.model_status(compiled_small["compiled"].model)
+    # the progress ComfyUI's bar shows on the waiting node: kinds compiled so far, of all, rising
+    assert [s["progress"]["done"] for s in during] == sorted(s["progress"]["done"] for s in during), during
+    assert all(s["progress"]["done"] < s["progress"]["total"] for s in during), during
+    after = engine.status.model_status(compiled_small["compiled"].model, "always compiled")
     assert after["state"] == "compiled" and after["text"].startswith("3 of 3 kinds compiled"), after
-    assert engine.status.owner_statuses()["test-node"] == after
+    assert after["progress"]["done"] == after["progress"]["total"] == 3, after
+    assert engine.status.owner_statuses()["test-node"] == {"feature": "compile_model", **after}
+    # the same base model under choose=auto (a clone shares it) has no record yet: its own status
+    assert engine.status.model_status(compiled_small["compiled"].model, "auto")["state"] == "waiting"
 
 
 def test_node_input_model_is_untouched(compiled_small):
@@ -295,11 +301,15 @@ def test_compile_vae_equals_eager_and_input_untouched(engine, comfy_nodes):
     (vae,) = comfy_nodes.VAELoader().load_vae("taesd")
     latent = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
     eager = vae.decode(latent)
-    compiled = engine.compile_vae(vae, engine.CompileOptions(choose="always compiled"))
+    compiled = engine.compile_vae(vae, engine.CompileOptions(choose="always compiled"), owner="vae-node")
+    assert engine.status.owner_statuses()["vae-node"]["state"] == "waiting"
     frames = dynamo_frames()
     out = compiled.decode(latent)
     assert dynamo_frames() > frames, "Compile VAE compiled nothing"
     assert_close_to_eager(out, eager, "compiled VAE decode")
+    status = engine.status.owner_statuses()["vae-node"]  # what the Compile VAE node shows in the web UI
+    assert status["feature"] == "compile_vae" and status["state"] == "compiled", status
+    assert status["text"] == "decode compiled (choose: always compiled)", status
     assert compiled.patcher is not vae.patcher and not vae.patcher.object_patches
     frames = dynamo_frames()
     compiled.decode(latent)

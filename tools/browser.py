@@ -29,7 +29,7 @@ MISSING_CHROMIUM = ("no Chromium found: `make setup` installs Debian's package (
 def comfy_page(server, viewport=(1400, 900)):
     """A page with ComfyUI's frontend open on `server` and ready (window.app exists); console messages and failed
     requests collected in page.accel_log as (kind, text) pairs. The first-run templates dialog is turned off
-    through ComfyUI's own settings route, as a returning user has it."""
+    through ComfyUI's own settings route, and the Nodes 2.0 banner dismissed, as a returning user has them."""
     from playwright.sync_api import sync_playwright
 
     executable = chromium_path()
@@ -45,6 +45,8 @@ def comfy_page(server, viewport=(1400, 900)):
             page.on("pageerror", lambda e: page.accel_log.append(("pageerror", str(e))))
             page.on("requestfailed", lambda r: page.accel_log.append(("requestfailed", r.url)))
             page.on("response", lambda r: r.status >= 400 and page.accel_log.append(("http", f"{r.status} {r.url}")))
+            # the frontend's "Introducing Nodes 2.0" banner, dismissed as a returning user has it (its own key)
+            page.add_init_script("localStorage.setItem('vueNodesBannerDismissed', 'true')")
             page.goto(server.url)
             page.wait_for_function(APP_READY, timeout=90_000)
             yield page

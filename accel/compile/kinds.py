@@ -295,7 +295,7 @@ class KindEntry:
                     if input_signature(args, kwargs) in self.seen_inputs:
                         continue
                     frames, start = _dynamo_frames(), time.perf_counter()
-                    self._call_compiled(compiled, block, lambda a=args, k=kwargs: (a, k))
+                    self._call_compiled(compiled, block, lambda a=args, k=kwargs: (a, k), in_prompt_path=False)
                     new_frames = _dynamo_frames() - frames
                 if new_frames:
                     self._note_compile(new_frames, time.perf_counter() - start, args, kwargs)
@@ -306,12 +306,13 @@ class KindEntry:
     def reason(self) -> str:
         return self.failure or self.choice.reason
 
-    def _call_compiled(self, compiled: Callable, block,
-                       make_call: Callable[[], tuple[tuple, dict]]) -> tuple[Any, bool]:
+    def _call_compiled(self, compiled: Callable, block, make_call: Callable[[], tuple[tuple, dict]],
+                       in_prompt_path: bool = True) -> tuple[Any, bool]:
         """One compiled call, and whether its inputs were seen before. New inputs may compile, so that call runs
         inside the persistent cache's scope (torch's caches in the pack's directory, the artifacts saved); inputs
         already seen skip the scope's cost, tens of microseconds a call. Should another guard still recompile
-        there, the graph is correct and merely not persisted."""
+        there, the graph is correct and merely not persisted. A call in the prompt's path (not a preload in the
+        background compiler's thread) tells the web UI that the prompt waits, and when it stops waiting."""
         call_args, call_kwargs = make_call()
         self._mark_shapes(call_args, call_kwargs)
         signature = input_signature(call_args, call_kwargs)
@@ -321,13 +322,18 @@ class KindEntry:
             self.first_call = _layouts_of(call_args, call_kwargs)
         self.call_variants.add(_call_variant(call_args, call_kwargs))
         disk = disk_cache_counters()
-        self.compiling_now = True
-        telemetry.record("compile_model", "compiling_now", kind=self.kind.label)  # the web UI says the prompt waits
+        self.compiling_now = in_prompt_path
+        if in_prompt_path:  # the web UI says the prompt waits (nodes/status.py)
+            telemetry.record("compile_model", "compiling_now", kind=self.kind.label)
+        start = time.perf_counter()
         try:
             with COMPILE_CACHE.environment(self.device_type).compiling(self.cache_id, self.name):
                 out = compiled(block, *call_args, **call_kwargs)
         finally:
             self.compiling_now = False
+            if in_prompt_path:  # done or failed: either way the prompt no longer waits for this kind
+                telemetry.record("compile_model", "compiled_now", kind=self.kind.label,
+                                 seconds=round(time.perf_counter() - start, 2))
         self.disk_cache.update(disk_cache_counters() - disk)
         self.seen_inputs.add(signature)
         return out, False

@@ -37,7 +37,7 @@ def compile_model(patcher, options: CompileOptions, owner: str | None = None):
     import comfy.patcher_extension
 
     model = patcher.clone()
-    note_owner(owner, model.model)
+    note_owner(owner, model.model, choose=options.choose)
     wrappers = comfy.patcher_extension.WrappersMP
     for kind, wrapper in ((wrappers.APPLY_MODEL, CompiledApplyModel(options)),
                           (wrappers.OUTER_SAMPLE, mark_sampling_run)):

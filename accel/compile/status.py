@@ -1,9 +1,10 @@
-"""Where one compiled model stands, in a few words a user can read on its node: compiling in the prompt's path (the
-prompt waits), compiling in the background (k of n kinds), loading from the cache, compiled (with the speedup the
-whole-call check measured), eager (and why), or still checking.
+"""Where one compiled model or VAE stands, in a few words a user can read on its node: compiling in the prompt's path
+(the prompt waits), compiling in the background (k of n kinds), loading from the cache, compiled (with the speedup
+the whole-call check, or for a VAE the per-call timing, measured), eager (and why), or still checking.
 
-Compile Model's callers name an owner (the web UI's node id) when they apply it; the owner's model is kept by a
-weak reference, so a model ComfyUI frees is simply no longer reported. Nothing here changes what runs.
+Compile Model's and Compile VAE's callers name an owner (the web UI's node id) when they apply them; the owner's
+model (or compiled VAE) is kept by a weak reference, so a model ComfyUI frees is simply no longer reported.
+Nothing here changes what runs.
 """
 from __future__ import annotations
 
@@ -14,52 +15,80 @@ import weakref
 from .background.state import BackgroundState
 from .model_record import records_of
 
-_owners: "dict[str, weakref.ref]" = {}  # owner -> the base model (comfy.model_base.BaseModel) compiled for it
+MODEL, VAE = "compile_model", "compile_vae"  # the features that name owners, as the web UI knows them
+_owners: "dict[str, tuple[str, weakref.ref, str]]" = {}  # owner -> (feature, its base model or VAE, choose)
 _lock = threading.Lock()
 
 
-def note_owner(owner: str | None, base_model) -> None:
-    """`owner` applied Compile Model to `base_model` (the newest application wins)."""
+def note_owner(owner: str | None, target, feature: str = MODEL, choose: str = "auto") -> None:
+    """`owner` applied `feature` with `choose` to `target`: Compile Model to a base model
+    (comfy.model_base.BaseModel), Compile VAE to the compiled copy of a VAE (the newest application wins)."""
     if owner is None:
         return
     with _lock:
-        _owners[str(owner)] = weakref.ref(base_model)
+        _owners[str(owner)] = (feature, weakref.ref(target), choose)
 
 
 def owner_statuses() -> dict[str, dict]:
-    """The status of every owner whose model is alive."""
+    """The status of every owner whose model is alive, with its "feature"."""
     with _lock:
         owners = list(_owners.items())
     statuses = {}
-    for owner, ref in owners:
-        base_model = ref()
-        if base_model is None:
+    for owner, (feature, ref, choose) in owners:
+        target = ref()
+        if target is None:
             with _lock:
-                if _owners.get(owner) is ref:
+                if owner in _owners and _owners[owner][1] is ref:
                     del _owners[owner]
             continue
-        statuses[owner] = model_status(base_model)
+        statuses[owner] = {"feature": feature,
+                           **(model_status(target, choose) if feature == MODEL else vae_status(target))}
     return statuses
 
 
-def model_status(base_model) -> dict:
-    """{"state": waiting | compiling | loading | checking | compiled | eager, "text": one line, "kinds": ...}."""
-    records = records_of(base_model)
+def _compiling_in_path(entries) -> list:
+    return [e for e in entries if e.compiling_now]
+
+
+def _ready(entries) -> list:
+    """Kinds that ran compiled at least once (compiled, or loaded from the cache)."""
+    return [e for e in entries if e.seen_inputs and not e.compiling_now]
+
+
+def _in_background(entries) -> list:
+    return [e for e in entries if e.background.state in (BackgroundState.CAPTURED, BackgroundState.PENDING)
+            or e.background.compiling_new_shape]
+
+
+def _loading(entries) -> list:
+    return [e for e in entries if e.background.state is BackgroundState.AWAITING_CPU_CHECKS]
+
+
+def model_status(base_model, choose: str = "auto") -> dict:
+    """{"state": waiting | compiling | loading | checking | compiled | eager, "text": one line, "kinds": ...} of
+    `base_model` compiled with `choose`. Clones share the base model: only the records of that choice count (a
+    record has auto mode's state exactly when its choose is auto)."""
+    records = [r for r in records_of(base_model) if (r.auto is not None) == (choose == "auto")]
     if not records:
-        return {"state": "waiting", "text": "compiles at the first sampling step", "kinds": []}
+        return {"state": "waiting", "text": "compiles at the first sampling step", "kinds": [],
+                "progress": {"done": 0, "total": 0, "kinds": []}}
     entries = list({e.name: e for record in records for e in record.entries}.values())
-    kinds = [{"kind": e.kind.label, "path": e.path, "reason": e.reason or e.background.reason,
+
+    def path(entry) -> str:  # always compiled: every kind, whatever auto mode chose for it elsewhere
+        return entry.path if choose == "auto" or entry.failure else "compiled"
+
+    kinds = [{"kind": e.kind.label, "path": path(e), "reason": e.reason or e.background.reason,
               "background": e.background.stats()["state"]} for e in entries]
     n = len(entries)
-    compiling = [e for e in entries if e.background.state in (BackgroundState.CAPTURED, BackgroundState.PENDING)
-                 or e.background.compiling_new_shape]
-    loading = [e for e in entries if e.background.state is BackgroundState.AWAITING_CPU_CHECKS]
-    compiled = [e for e in entries if e.path == "compiled"]
+    compiling = _in_background(entries)
+    loading = _loading(entries)
+    compiled = [e for e in entries if path(e) == "compiled"]
     autos = [r.auto for r in records if r.auto is not None]
-    now = [e for e in entries if e.compiling_now]
+    now = _compiling_in_path(entries)
+    progress = {"done": len(_ready(entries)), "total": n, "kinds": [e.kind.label for e in entries]}
     if now:
         state, text = "compiling", (f"compiling (or loading) {now[0].kind.label} in the prompt's path; the prompt "
-                                    f"waits for it. {len(compiled)} of {n} kinds compiled so far")
+                                    f"waits for it. {progress['done']} of {n} kinds compiled so far")
     elif compiling:
         state, text = "compiling", (f"compiling in the background: {n - len(compiling)} of {n} kinds ready; "
                                     "the blocks run eagerly meanwhile")
@@ -83,7 +112,55 @@ def model_status(base_model) -> dict:
             "(medians)" if eager and compiled_s else "")
     else:
         state, text = "eager", "eager: no block kind was worth compiling"
-    return {"state": state, "text": text, "kinds": kinds}
+    return {"state": state, "text": text, "kinds": kinds, "progress": progress}
+
+
+def vae_status(vae) -> dict:
+    """{"state": ..., "text": ...} of a VAE copy made by Compile VAE: per coding method it has run (decode,
+    encode), where that method's compiled kind stands. A VAE has no whole-call check: auto mode keeps the faster
+    of compiled and eager timed on the VAE's own calls (kind_choice.py), so that is the speedup shown."""
+    from .vae import compiled_methods  # here: vae.py names its owners through this module
+
+    methods = [(m.method, m.entry) for m in compiled_methods(vae) if m.entry is not None]
+    entries = [entry for _, entry in methods]
+    progress = {"done": len(_ready(entries)), "total": len(entries), "kinds": [e.kind.label for e in entries]}
+    if not methods:
+        return {"state": "waiting", "text": "compiles at the first decode (or encode)", "progress": progress}
+    now = [method for method, entry in methods if entry in _compiling_in_path(entries)]
+    if now:
+        return {"state": "compiling", "progress": progress,
+                "text": f"compiling (or loading) the VAE's {now[0]} in the prompt's path; the prompt waits for it"}
+    compiling = [method for method, entry in methods if entry in _in_background(entries)]
+    if compiling:
+        return {"state": "compiling", "progress": progress,
+                "text": f"{' and '.join(compiling)} compiling in the background; the VAE runs eagerly meanwhile"}
+    loading = [method for method, entry in methods if entry in _loading(entries)]
+    if loading:
+        return {"state": "loading", "progress": progress,
+                "text": f"{' and '.join(loading)} found in the compile cache, loaded once inductor's CPU checks "
+                        "are done; eager meanwhile"}
+    parts, states = [], []
+    for method, entry in methods:
+        state, text = _vae_method_status(entry)
+        states.append(state)
+        parts.append(f"{method} {text}")
+    state = next(s for s in ("checking", "compiled", "eager") if s in states)
+    return {"state": state, "text": "; ".join(parts), "progress": progress}
+
+
+def _vae_method_status(entry) -> tuple[str, str]:
+    if entry.failure:
+        return "eager", f"eager: {entry.failure}"
+    if entry.options.choose == "always compiled":
+        return "compiled", "compiled (choose: always compiled)"
+    choice = entry.choice
+    if not choice.decided:
+        return "checking", f"compiled; {choice.progress() or 'timing compiled against eager'}"
+    if choice.path == "eager":
+        return "eager", f"eager: {choice.reason}"
+    timings = choice.timings
+    speedup = f", {timings['eager_s'] / timings['compiled_s']:.2f}x eager's speed" if timings else ""
+    return "compiled", f"compiled{speedup} ({choice.reason})"
 
 
 def _timed_calls(autos) -> tuple[list[float], list[float]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 
+from .. import telemetry
 from ..cache import COMPILE_CACHE
 from .background import BACKGROUND, Capture, hold_until_idle
 from .blocks import BlockKind
@@ -22,6 +23,7 @@ from .kinds import KindEntry, input_signature
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
 from .registry import REGISTRY
+from .status import VAE, note_owner
 
 VAE_METHODS = ("decode", "encode")
 
@@ -32,6 +34,13 @@ class CompiledMethod:
     def __init__(self, module, method: str, options: CompileOptions):
         self.module, self.method, self.options = module, method, options
         self.kind = BlockKind.of(module, method)
+        self.entry: KindEntry | None = None  # the registry's entry of its latest call (status.py)
+
+    def __getstate__(self) -> dict:
+        # While the VAE's patcher is loaded this object is the module's `decode`/`encode` attribute, so it is
+        # pickled with the module when a call is captured for the background child; the entry (locks, compiled
+        # code) stays in this process.
+        return {**self.__dict__, "entry": None}
 
     def __call__(self, *args, **kwargs):
         device = next(self.module.parameters()).device
@@ -41,7 +50,15 @@ class CompiledMethod:
             return getattr(type(self.module), self.method)(self.module, *args, **kwargs)
         options = effective_options(self.options, policy, device)
         entry = REGISTRY.entry(self.kind, getattr(type(self.module), self.method), options, device)
+        before = _where(entry) if entry is self.entry else None
+        self.entry = entry
+        try:
+            return self._run(entry, options, policy, device, args, kwargs)
+        finally:
+            if _where(entry) != before:  # the Compile VAE node's status may have moved (status.py)
+                telemetry.record("compile_vae", "moved", method=self.method)
 
+    def _run(self, entry: KindEntry, options: CompileOptions, policy, device, args: tuple, kwargs: dict):
         def run_compiled():
             return entry.run_compiled(self.module, lambda: (args, kwargs), args, kwargs)
 
@@ -68,12 +85,25 @@ class CompiledMethod:
                                  hold=hold_until_idle(device.type))
 
 
-def compile_vae(vae, options: CompileOptions):
-    """A copy of `vae` whose first-stage model encodes and decodes compiled. Compiles nothing yet."""
+def _where(entry: KindEntry) -> tuple:
+    """What the status of a VAE's method is made of, to tell when it moved."""
+    return (entry.background.state, entry.choice.path, entry.choice.progress(), bool(entry.seen_inputs),
+            entry.failure)
+
+
+def compile_vae(vae, options: CompileOptions, owner: str | None = None):
+    """A copy of `vae` whose first-stage model encodes and decodes compiled. Compiles nothing yet. `owner` (the
+    web UI's node id) is who status.py reports this copy's state to."""
     compiled = copy.copy(vae)
     compiled.patcher = vae.patcher.clone()
     model = vae.first_stage_model
     for method in VAE_METHODS:
         if callable(getattr(type(model), method, None)):
             compiled.patcher.add_object_patch(method, CompiledMethod(model, method, options))
+    note_owner(owner, compiled, VAE, options.choose)
     return compiled
+
+
+def compiled_methods(vae) -> list[CompiledMethod]:
+    """The compiled coding methods of a VAE copy made by compile_vae (none for any other VAE)."""
+    return [patch for patch in vae.patcher.object_patches.values() if isinstance(patch, CompiledMethod)]
