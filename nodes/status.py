@@ -95,10 +95,14 @@ def _progress_of_the_waiting_node(kind: str, statuses) -> None:
     progress = next((status["progress"] for status in statuses if kind in status["progress"]["kinds"]), None)
     if progress is None or not progress["total"]:
         return
-    import comfy.model_management
+    import comfy.model_management as mm
     import comfy.utils
 
+    if mm.processing_interrupted():
+        return  # ComfyUI's progress hook would raise the interrupt here, and clear it
     try:
         comfy.utils.ProgressBar(progress["total"]).update_absolute(progress["done"], progress["total"])
-    except comfy.model_management.InterruptProcessingException:
-        pass  # the user interrupted: the prompt's node raises it at its own next check
+    except mm.InterruptProcessingException:
+        # The user interrupted in between, and the hook cleared the flag as it raised: set it again, so the
+        # prompt's node stops at its own next check (raising here would only fail this status update).
+        mm.interrupt_current_processing(True)

@@ -1,0 +1,129 @@
+"""Faults cost nothing but time (#16): through a started ComfyUI server, a kill -9 while the background child
+compiles leaves no process of the server running and a restart on the same cache is correct and finishes the
+compile; an interrupt while a kind compiles in the prompt's path, or while DeepCache samples, ends only that
+prompt, and the next one is correct. (Damaged cache files, an unwritable cache, a failing compile and two processes
+on one cache: test_compile_cache.py; an interrupt during a swap: test_swap_weights.py.)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from compile_helpers import assert_close_to_eager
+from soak_prompts import Prompt, cold_compiles, graph_of, run_latent, server_of, wait_for_background
+
+pytestmark = pytest.mark.server
+PLAIN = Prompt("plain", steps=4)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (its children, theirs, ...), read from /proc."""
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            children = (task / "children").read_text().split() if (task / "children").exists() else []
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith("State:"))
+    except (FileNotFoundError, ProcessLookupError, StopIteration):
+        return False
+    return "Z" not in state.split()[1]  # a zombie has ended; only its exit status waits for a reaper
+
+
+def running_child(server, timeout: float = 120) -> int:
+    """The pid of the background compile child, once it runs (held until the server is idle on few cores)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = server.get_json("/accel/stats")["compile"]["background"]["running"]
+        if running and running.get("pid"):
+            return running["pid"]
+        time.sleep(0.2)
+    raise AssertionError(f"no background child started: {server.get_json('/accel/stats')['compile']['background']}")
+
+
+@pytest.mark.skipif(not os.environ.get("ACCEL_LONG_TESTS"),
+                    reason="CI's time (two minutes here): ACCEL_LONG_TESTS=1 runs it")
+def test_kill_9_during_a_background_compile_leaves_nothing_running_and_a_restart_finishes_it(tmp_path):
+    compiled = replace(PLAIN, compiled=True)
+    cache = {"ACCEL_CACHE_DIR": str(tmp_path / "cache")}
+    with server_of(tmp_path / "first", env=cache) as first:
+        eager = run_latent(first, PLAIN, "eager")
+        assert torch.equal(run_latent(first, compiled, "cold"), eager), "the cold prompt did not run eagerly"
+        child = running_child(first)
+        time.sleep(2)  # well into the compile: the child's own compile workers have started
+        below = descendants(first.proc.pid)
+        assert child in below
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while [pid for pid in below if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [pid for pid in below if alive(pid)], "processes of the killed server kept running"
+
+    with server_of(tmp_path / "second", env=cache) as second:  # the same cache, as a restarted worker has it
+        assert_close_to_eager(run_latent(second, compiled, "restart"), eager, "the restart's first prompt")
+        wait_for_background(second)
+        jobs = second.get_json("/accel/stats")["compile"]["background"]["finished"]
+        assert jobs and all(job["returncode"] == 0 and not job["failed"] for job in jobs), jobs
+        cold = cold_compiles(second)
+        assert_close_to_eager(run_latent(second, compiled, "after"), eager, "after the restart's compile")
+        assert cold_compiles(second) == cold, "the restart compiled again what its child had compiled"
+
+
+def interrupted(server, prompt_id: str, timeout: float = 600) -> list[str]:
+    """Wait for the prompt to end; the names of ComfyUI's execution messages for it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = (server.get_json(f"/history/{prompt_id}").get(prompt_id) or {}).get("status", {})
+        if status.get("completed") or status.get("status_str") == "error":
+            return [name for name, _ in status.get("messages", [])]
+        time.sleep(0.2)
+    raise AssertionError(f"prompt {prompt_id} did not end:\n{server.log_tail()}")
+
+
+def test_an_interrupt_during_a_compile_or_sampling_ends_only_that_prompt(tmp_path):
+    in_path = replace(PLAIN, compiled=True, choose="always compiled", background=False)
+    deepcache = replace(PLAIN, deepcache=2)
+    with server_of(tmp_path / "server") as server:
+        eager = run_latent(server, PLAIN, "eager")
+        cached = run_latent(server, deepcache, "deepcache")
+
+        # While a kind compiles in the prompt's path (the Compile Model node, "21", says the prompt waits).
+        prompt_id = server.queue_prompt(graph_of(in_path, "interrupted-compile"))
+        deadline = time.monotonic() + 120
+        while "in the prompt's path" not in server.get_json("/accel/status").get("21", {}).get("text", ""):
+            assert time.monotonic() < deadline, server.get_json("/accel/status")
+            time.sleep(0.1)
+        server.post_json("/interrupt", {})
+        assert "execution_interrupted" in interrupted(server, prompt_id)
+        assert_close_to_eager(run_latent(server, in_path, "after-compile"), eager, "after an interrupted compile")
+        assert server.get_json("/accel/status")["21"]["state"] == "compiled"
+
+        # While DeepCache samples: a long run, interrupted mid-way; its state must not reach the next run.
+        prompt_id = server.queue_prompt(graph_of(replace(deepcache, steps=400), "interrupted-deepcache"))
+        deadline = time.monotonic() + 60
+        while not server.get_json("/queue")["queue_running"]:
+            assert time.monotonic() < deadline, "the long prompt never started"
+            time.sleep(0.1)
+        time.sleep(3)  # sampling by now
+        server.post_json("/interrupt", {})
+        assert "execution_interrupted" in interrupted(server, prompt_id)
+        runs = [e for e in server.get_json("/accel/stats")["events"]
+                if e["feature"] == "deepcache" and e["action"] == "run"]
+        assert runs[-1]["status"] == "interrupted", runs[-1]
+        assert torch.equal(run_latent(server, deepcache, "deepcache-after"), cached), "DeepCache's state leaked"
