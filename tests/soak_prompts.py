@@ -115,11 +115,15 @@ def rss_mb(server) -> float:
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
 
 
-def wait_for_background(server, timeout: float = 900) -> None:
+def wait_for_background(server, timeout: float = 900) -> dict:
+    """The server's background-compile stats once nothing is running, queued, or held for an idle moment."""
     deadline = time.monotonic() + timeout
-    while server.get_json("/accel/stats")["compile"]["background"]["busy"]:
-        assert time.monotonic() < deadline, "the background compile did not finish"
+    while time.monotonic() < deadline:
+        background = server.get_json("/accel/stats")["compile"]["background"]
+        if not background["busy"]:
+            return background
         time.sleep(1)
+    raise AssertionError(f"the background compile did not finish: {background}")
 
 
 def cold_compiles(server) -> dict[str, int]:

@@ -9,7 +9,6 @@ Conditioning comes from a test-only node (tests/server_nodes/), not from text en
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 
 from compile_helpers import assert_close_to_eager
 from families import BY_FAMILY
+from soak_prompts import wait_for_background
 from tools.comfy_server import ComfyServer
 
 pytestmark = pytest.mark.server
@@ -57,16 +57,6 @@ def run_latent(server, graph: dict) -> torch.Tensor:
     files = sorted((server.base_dir / "output").glob(f"{prefix}_*.latent"))
     assert len(files) == 1, files
     return load_file(str(files[0]))["latent_tensor"].float()
-
-
-def wait_for_background(server, timeout: float = 900) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        background = server.get_json("/accel/stats")["compile"]["background"]
-        if not background["busy"]:  # nothing running, queued, or held for the idle moment that comes now
-            return background
-        time.sleep(2)
-    raise AssertionError(f"the background compile did not finish: {background}")
 
 
 @pytest.mark.parametrize("family", ["flux", "wan21"])
