@@ -2,9 +2,9 @@
 configurations of tests/soak_prompts.py (sizes, batch sizes, cfg 1 and cfg > 1, DeepCache on/off at two intervals,
 LoRA strengths, Swap Weights to another checkpoint and back, Compile Model on/off, KSampler and KSamplerAdvanced,
 the small SD1.5 UNet and the generated SD3 transformer) in six passes of shuffled order, each prompt compared with
-the same prompt run alone in a fresh server with an empty compile cache. Writes docs/benchmarks/soak.md (or --out):
-per prompt, its largest difference from the fresh run and the server's RSS after it; the cold compiles after the
-first pass; the RSS after the last prompt against the fifth.
+the same prompt run alone and eagerly in a fresh server (ACCEL_DISABLE_COMPILE=1). Writes docs/benchmarks/soak.md
+(or --out): per prompt, its largest difference from the fresh run and the server's RSS after it; the cold compiles
+after the first pass; the RSS after the last prompt against the fifth.
 
     python bench/soak.py [--out docs/benchmarks/soak.md] [--seed 0]
 """
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 PROMPTS = 30
 
@@ -31,7 +31,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from soak_prompts import CONFIGS, cold_compiles, rss_mb, run_latent, server_of, wait_for_background
+    from deepcache_speed import machine
+    from soak_prompts import CONFIGS, EAGER, cold_compiles, rss_mb, run_latent, server_of, wait_for_background
+    from tools.comfy_env import comfyui_version
 
     order, rng = [], random.Random(args.seed)
     while len(order) < PROMPTS:  # passes of every configuration, shuffled, the plain prompt right after the swap
@@ -46,7 +48,7 @@ def main() -> None:
         tmp = Path(tmp)
         references = {}
         for i, prompt in enumerate(CONFIGS):
-            with server_of(tmp / f"fresh-{i}") as fresh:
+            with server_of(tmp / f"fresh-{i}", EAGER) as fresh:
                 references[prompt] = run_latent(fresh, prompt, f"fresh-{i}")
         rows = []
         with server_of(tmp / "mixed") as mixed:
@@ -67,8 +69,8 @@ def main() -> None:
         "# Soak: 30 mixed prompts on one server against each prompt alone in a fresh server",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} by `python bench/soak.py --seed {args.seed}`: "
-        f"{platform.processor() or platform.machine()}, {torch.__version__}, Python {platform.python_version()}, "
-        "ComfyUI from `COMFYUI_DIR` or `.comfyui/`, CPU. "
+        f"{machine()}, torch {torch.__version__}, Python {platform.python_version()}, "
+        f"ComfyUI {comfyui_version()}. "
         f"The whole run took {time.time() - started:.0f} s.",
         "",
         "| # | configuration | seconds | max rel diff vs fresh | bit-equal | RSS MB |",

@@ -1,7 +1,11 @@
-"""Run in a fresh process by test_compile_cache.py: sample the small model through Compile Model and report
-what the compile cache did. The cache directory comes from ACCEL_CACHE_DIR, as it would for a user.
+"""Run in a fresh process by test_compile_cache.py and test_cache_faults.py: sample a model through Compile Model
+(choose="always compiled") and report what the compile cache did. The cache directory comes from ACCEL_CACHE_DIR,
+as it would for a user.
 
-    python tests/cache_probe.py [--size 16] [--batch 1] [--save-output FILE]
+    python tests/cache_probe.py [--size 16] [--batch 1] [--save-output FILE] [--family NAME] [--save-eager FILE]
+
+--family samples a generated family (tests/families.py) at its own small latent instead of the small SD1.5 UNet;
+--save-eager first samples the model without Compile Model and saves that latent.
 
 Prints one JSON line: Dynamo frames, torch's on-disk cache hit/miss counters, compile seconds, cache stats, and
 what changed in torch's Dynamo/inductor config, version and TORCHINDUCTOR_CACHE_DIR from before the pack was
@@ -27,6 +31,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=16)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--save-output", help="torch.save the sampled latent here")
+    parser.add_argument("--family", help="a generated model family (tests/families.py) instead of the SD1.5 UNet")
+    parser.add_argument("--save-eager", help="torch.save the latent sampled without Compile Model here")
     args = parser.parse_args()
 
     import_comfyui(cpu=True)
@@ -40,8 +46,16 @@ def main() -> None:
 
     before = torch_state()
     engine = load_pack().accel.compile
-    model = engine.compile_model(load(nodes), engine.CompileOptions(choose="always compiled"))
-    out = sample(model, size=args.size, batch=args.batch)
+    if args.family:
+        import families
+
+        case = families.BY_FAMILY[args.family]
+        model, run = families.load(nodes, case), lambda m: families.sample(m, case)
+    else:
+        model, run = load(nodes), lambda m: sample(m, size=args.size, batch=args.batch)
+    if args.save_eager:
+        torch.save(run(model), args.save_eager)
+    out = run(engine.compile_model(model, engine.CompileOptions(choose="always compiled")))
     changed = diff(before, torch_state())
     if args.save_output:
         torch.save(out, args.save_output)

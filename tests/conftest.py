@@ -68,6 +68,21 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
+# CI's two test processes each take whole files (pyproject: --dist loadfile, --no-loadscope-reorder), in the order
+# collected: the longest files go first (seconds measured here, 2026-11-23, longest first), so neither process
+# ends on a long file while the other idles, and the files that compile the same models cold (SD1.5, Flux) run
+# apart, the later one loading the earlier one's graphs from the run's cache. Files not named follow.
+LONGEST_FIRST = ("test_compile_model.py", "test_compile_families.py", "test_compile_video_families.py",
+                 "test_web_ui.py", "test_compile_cache.py", "test_soak.py", "test_cache_faults.py",
+                 "test_swap_weights.py", "test_deepcache.py", "test_compile_flux.py", "test_faults.py",
+                 "test_server_families.py", "test_deepcache_dit.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+
+
 def pytest_report_header(config):
     from tools.comfy_env import comfyui_dir
 

@@ -43,6 +43,8 @@ CONFIGS = (
 # Three passes over the configurations; the plain prompt always right after the swap. The first compiles (in the
 # background child), the second may load the child's graphs, the third finds everything in place.
 PASSES = ((0, 1, 2, 3, 4), (0, 3, 4, 2, 1), (0, 3, 4, 2, 1))
+# The references' servers: every prompt eager (the pack's switch), whatever nodes it has.
+EAGER = {"ACCEL_DISABLE_COMPILE": "1"}
 
 
 def graph_of(prompt: Prompt, prefix: str) -> dict:
@@ -96,9 +98,14 @@ def graph_of(prompt: Prompt, prefix: str) -> dict:
 
 
 def run_latent(server, prompt: Prompt, prefix: str) -> torch.Tensor:
+    return latent_of(server, graph_of(prompt, prefix), prefix)
+
+
+def latent_of(server, graph: dict, prefix: str) -> torch.Tensor:
+    """Run an API graph whose SaveLatent writes under `prefix`, and read that latent back."""
     from safetensors.torch import load_file
 
-    server.run_workflow(graph_of(prompt, prefix), timeout=900)
+    server.run_workflow(graph, timeout=900)
     files = sorted((server.base_dir / "output").glob(f"{prefix}_*.latent"))
     assert len(files) == 1, files
     return load_file(str(files[0]))["latent_tensor"].float()

@@ -17,6 +17,7 @@ checksum, so a corrupt or truncated one is skipped (and deleted) instead of reac
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -39,6 +40,8 @@ DEFAULT_MAX_GB = 10.0
 MAGIC = b"ACCEL-MEGA-CACHE 1\n"
 SHARES_FILE = "auto_call_shares.json"
 EVICT_EVERY_S = 30.0  # sizing a cache walks its files: at most this often per process
+NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+NO_ROOM_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
 
 
 def key_id(key: tuple) -> str:
@@ -59,6 +62,20 @@ def write_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def out_of_room(err: BaseException) -> bool:
+    """Whether `err`, or what it wraps (Dynamo wraps a backend's errors), is a write that found its disk full. A C++
+    compiler that could not write its output says so only in its message."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in NO_ROOM:
+            return True
+        if any(text in str(err) for text in NO_ROOM_TEXTS):
+            return True
+        err = getattr(err, "inner_exception", None) or err.__cause__ or err.__context__
+    return False
 
 
 def pack_artifact(payload: bytes, label: str) -> bytes:
@@ -131,7 +148,7 @@ class EnvironmentCache:
         self._lock = threading.RLock()
         self._last_evict = 0.0
         self.stats = {"artifacts_loaded": 0, "artifacts_saved": 0, "artifacts_skipped_corrupt": 0,
-                      "artifacts_skipped_untrusted": 0, "evicted": 0}
+                      "artifacts_skipped_untrusted": 0, "evicted": 0, "torch_files_set_aside": 0}
 
     # -- the scope of one compiled call ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -183,6 +200,38 @@ class EnvironmentCache:
                                 "graphs go to torch's temporary cache and will not survive a restart; set "
                                 "ACCEL_CACHE_DIR to a writable directory.", self.dir, self.problem)
         return self.usable
+
+    def stop_persisting(self, why: str) -> None:
+        """The disk under this cache ran out of room during a compile: the rest of this process compiles in torch's
+        temporary cache, and what the cache holds stays as it is, for the processes after this one. Warned once."""
+        with self._lock:
+            if self.usable is False:
+                return
+            self.usable, self.problem = False, f"out of room: {why}"
+        log.warning("[Accel] compile cache: %s is out of room (%s). Compiling goes on in torch's temporary cache, so "
+                    "what compiles now will not survive a restart; free some space, or set ACCEL_CACHE_DIR to a disk "
+                    "with room (ACCEL_CACHE_MAX_GB caps the cache's size).", self.dir, why)
+
+    def set_aside_torch_files(self, label: str, why: str) -> None:
+        """A compile inside this cache failed where the same compile outside it worked: torch's own files here are
+        damaged (torch checks none of its generated code and kernels). `inductor/` is moved aside and deleted; the
+        pack's artifacts, which carry checksums, rebuild it at each compile key's next use in a process, and new
+        compiles write there again. Another process writing into the old folder meanwhile loses that write and
+        compiles again, as this one did."""
+        with _ONE_SCOPE_AT_A_TIME, self._lock:  # no compile of this process writes there meanwhile
+            aside = self.dir / f".inductor-damaged-{os.getpid()}-{time.monotonic_ns()}"
+            try:
+                os.rename(self.inductor_dir, aside)
+                make_private_dirs(self.inductor_dir)
+            except OSError as err:
+                self.stop_persisting(f"{type(err).__name__}: {err}")
+                return
+            shutil.rmtree(aside, ignore_errors=True)
+            self._loaded.clear()  # each key's artifacts are handed to torch again at its next compile
+            self.stats["torch_files_set_aside"] += 1
+        log.warning("[Accel] compile cache: torch's files in %s failed to load for %s (%s), and the same compile "
+                    "outside the cache worked: they were damaged, and are rebuilt from the pack's artifacts and new "
+                    "compiles. `python -m accel cache clear` starts the cache afresh.", self.inductor_dir, label, why)
 
     def has_artifacts(self, ident: str) -> bool:
         """Whether compile key `ident` has saved artifacts here (from this machine, precompile or an import)."""

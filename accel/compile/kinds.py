@@ -22,7 +22,7 @@ import torch
 
 from .. import telemetry
 from ..cache import COMPILE_CACHE
-from ..cache.store import key_id
+from ..cache.store import key_id, out_of_room
 from .background import KindBackground, hold_until_idle
 from .background.cpu_checks import CPU_CHECKS
 from .background.skeleton import CaptureError, dump_skeleton, load_skeleton
@@ -57,6 +57,11 @@ def _root_cause(err: BaseException) -> str:
         err = inner
     lines = str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _must_propagate(err: BaseException) -> bool:
+    """Errors that are not the compile's: out of memory, and ComfyUI's interrupt (raised from a progress hook)."""
+    return isinstance(err, torch.OutOfMemoryError) or type(err).__name__ == "InterruptProcessingException"
 
 
 def wait_for_device(device_type: str) -> None:
@@ -327,8 +332,7 @@ class KindEntry:
             telemetry.record("compile_model", "compiling_now", kind=self.kind.label)
         start = time.perf_counter()
         try:
-            with COMPILE_CACHE.environment(self.device_type).compiling(self.cache_id, self.name):
-                out = compiled(block, *call_args, **call_kwargs)
+            out = self._compile_and_call(compiled, block, make_call, call_args, call_kwargs)
         finally:
             self.compiling_now = False
             if in_prompt_path:  # done or failed: either way the prompt no longer waits for this kind
@@ -337,6 +341,31 @@ class KindEntry:
         self.disk_cache.update(disk_cache_counters() - disk)
         self.seen_inputs.add(signature)
         return out, False
+
+    def _compile_and_call(self, compiled: Callable, block, make_call: Callable[[], tuple[tuple, dict]],
+                          call_args: tuple, call_kwargs: dict):
+        """A call that may compile, inside the persistent cache's scope. What goes wrong in the cache costs the
+        persistence at most, not the compiled path; the call compiles again outside the cache (torch's temporary
+        cache directory):
+        - a disk that fills up: the cache stops being used by this process (one warning);
+        - any other failure: if the compile works outside, torch's files in the cache were damaged and are set
+          aside (store.py); if it fails there too, the error is the compile's own and propagates."""
+        cache = COMPILE_CACHE.environment(self.device_type)
+        try:
+            with cache.compiling(self.cache_id, self.name):
+                return compiled(block, *call_args, **call_kwargs)
+        except Exception as err:
+            if not cache.usable or _must_propagate(err):
+                raise
+            full, why = out_of_room(err), _root_cause(err)
+            if full:
+                cache.stop_persisting(why)
+        call_args, call_kwargs = make_call()
+        self._mark_shapes(call_args, call_kwargs)
+        out = compiled(block, *call_args, **call_kwargs)  # outside the scope: torch's own cache directory
+        if not full:
+            cache.set_aside_torch_files(self.kind.label, why)
+        return out
 
     def _mark_shapes(self, args: tuple, kwargs: dict) -> None:
         """dynamic="auto": every dimension that ever differed from the first call's is marked dynamic. Which
