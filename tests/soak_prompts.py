@@ -103,9 +103,14 @@ def run_latent(server, prompt: Prompt, prefix: str) -> torch.Tensor:
 
 def latent_of(server, graph: dict, prefix: str) -> torch.Tensor:
     """Run an API graph whose SaveLatent writes under `prefix`, and read that latent back."""
+    server.run_workflow(graph, timeout=900)
+    return saved_latent(server, prefix)
+
+
+def saved_latent(server, prefix: str) -> torch.Tensor:
+    """The one latent a finished prompt's SaveLatent wrote under `prefix`."""
     from safetensors.torch import load_file
 
-    server.run_workflow(graph, timeout=900)
     files = sorted((server.base_dir / "output").glob(f"{prefix}_*.latent"))
     assert len(files) == 1, files
     return load_file(str(files[0]))["latent_tensor"].float()

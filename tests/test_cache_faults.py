@@ -8,17 +8,12 @@ the test's own:
   temporary cache), one warning naming the directory and the fix; once there is room again, the next process
   persists. The small file system is a tmpfs of its own, which needs root with CAP_SYS_ADMIN (this project's
   machines and CI have both); elsewhere the test says so and skips;
-- two processes (a fleet's workers on a shared volume) compiling the same kind into one empty cache at the same
-  time are both correct, and leave a cache a third process loads whole: every artifact intact, every graph hit;
-- torch's own files in the cache damaged (every file under `inductor/` cut short: the generated code and kernels
-  torch loads without a check): the process compiles outside the cache, stays compiled and correct, and sets the
-  damaged folder aside with one warning; the next process rebuilds it from the pack's checksummed artifacts and
-  compiles nothing cold;
 - a damaged shares file (compile/saved_shares.py) is read as none, measured again and rewritten whole;
 - a damaged background job (its job.pkl) fails that job alone: the child says why in the job's done file and
   takes the next one.
 
-(Damaged artifacts and torch's own FX graph entries: test_compile_cache.py.)
+(Two processes compiling the same kind into one cache at once, damaged artifacts, torch's own FX graph entries
+and damaged torch files: test_compile_cache.py, on its shared cache.)
 """
 from __future__ import annotations
 
@@ -34,9 +29,8 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager
+from probe_runs import run_probe
 
-PROBE = Path(__file__).with_name("cache_probe.py")
-FAMILY = "ltxv"  # one block kind: a short compile
 ROOM = 16 * 1024  # what is left free: the cache's fingerprint and the shares file fit, compiled code does not
 
 
@@ -62,25 +56,6 @@ def fill(path: Path, leave: int) -> Path:
     return filler
 
 
-def start_probe(cache: Path, out: Path, eager: Path | None = None) -> subprocess.Popen:
-    env = {**os.environ, "ACCEL_CACHE_DIR": str(cache)}
-    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    args = [sys.executable, str(PROBE), "--family", FAMILY, "--save-output", str(out)]
-    return subprocess.Popen(args + (["--save-eager", str(eager)] if eager else []), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-
-
-def result_of(probe: subprocess.Popen) -> tuple[dict, str]:
-    stdout, stderr = probe.communicate(timeout=900)
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    assert probe.returncode == 0 and lines, stderr[-4000:]
-    return json.loads(lines[0][len("RESULT "):]), stderr
-
-
-def run_probe(cache: Path, out: Path, eager: Path | None = None) -> tuple[dict, str]:
-    return result_of(start_probe(cache, out, eager))
-
-
 def test_a_full_disk_costs_persistence_not_the_prompt(tmp_path):
     with small_file_system(tmp_path / "volume") as volume:
         filler = fill(volume, ROOM)
@@ -103,64 +78,6 @@ def test_a_full_disk_costs_persistence_not_the_prompt(tmp_path):
         assert_close_to_eager(torch.load(tmp_path / "again.pt"), eager, "compiled once there is room again")
         (environment,) = again["compile_cache"]["environments"]
         assert environment["writable"] is True and environment["artifacts_saved"] > 0, environment
-
-
-@pytest.fixture(scope="module")
-def shared_volume(tmp_path_factory) -> dict:
-    """Two probe processes started together on one empty cache directory, then a third on what they left; the
-    damaged-files test goes on from that cache."""
-    tmp = tmp_path_factory.mktemp("shared-volume")
-    cache = tmp / "cache"
-    first = start_probe(cache, tmp / "a.pt", eager=tmp / "eager.pt")
-    second = start_probe(cache, tmp / "b.pt")
-    (a, _), (b, _) = result_of(first), result_of(second)
-    third, _ = run_probe(cache, tmp / "c.pt")
-    return {"cache": cache, "runs": {"a": a, "b": b, "third": third},
-            "out": {name: torch.load(tmp / f"{name}.pt") for name in ("a", "b", "c", "eager")}}
-
-
-def test_two_processes_compiling_the_same_kind_at_once_leave_a_consistent_cache(shared_volume, accel_pack):
-    store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
-    (a, b, third), out = shared_volume["runs"].values(), shared_volume["out"]
-    for name, run in (("a", a), ("b", b)):
-        assert run["compiles"] > 0 and set(run["paths"].values()) == {"compiled"}, run
-        assert_close_to_eager(out[name], out["eager"], f"process {name} beside the other")
-    # both compiled cold: they did run at once (neither found the other's graphs)
-    assert a["disk_cache"].get("fx_graph_misses", 0) > 0 and b["disk_cache"].get("fx_graph_misses", 0) > 0, (a, b)
-    artifacts = sorted(shared_volume["cache"].rglob("artifacts/*/*.bin"))
-    assert artifacts, "nothing was saved"
-    for path in artifacts:
-        store.unpack_artifact(path.read_bytes())  # raises on a torn or mixed write
-    assert not list(shared_volume["cache"].rglob(".tmp-*")), "a temporary file of an interrupted write was left"
-    # a third process loads every graph from what they left
-    assert third["compiles"] == a["compiles"] and third["disk_cache"].get("fx_graph_misses", 0) == 0, third
-    assert third["disk_cache"].get("fx_graph_hits", 0) == third["compiles"], third["disk_cache"]
-    assert third["compile_cache"]["environments"][0]["artifacts_skipped_corrupt"] == 0, third["compile_cache"]
-    torch.testing.assert_close(out["c"], out["a"], rtol=0, atol=0)
-
-
-def test_damaged_torch_files_are_set_aside_and_rebuilt_from_the_artifacts(shared_volume, tmp_path):
-    cache = shared_volume["cache"]
-    torch_files = [p for p in cache.glob("*/inductor/**/*") if p.is_file() and p.stat().st_size > 20]
-    assert torch_files, "torch wrote nothing into the cache"
-    for path in torch_files:  # cut short, as by a crash or a disk error under torch's own writes
-        path.write_bytes(path.read_bytes()[:20])
-
-    damaged, stderr = run_probe(cache, tmp_path / "damaged.pt")
-    assert damaged["compiles"] > 0 and set(damaged["paths"].values()) == {"compiled"}, damaged
-    eager = shared_volume["out"]["eager"]
-    assert_close_to_eager(torch.load(tmp_path / "damaged.pt"), eager, "compiled over damaged torch files")
-    (environment,) = damaged["compile_cache"]["environments"]
-    assert environment["torch_files_set_aside"] == 1 and environment["writable"] is True, environment
-    warnings = [line for line in stderr.splitlines() if "[Accel] compile cache:" in line]
-    assert len(warnings) == 1 and "were damaged" in warnings[0] and "cache clear" in warnings[0], warnings
-    assert "runs eagerly" not in stderr, stderr[-3000:]
-
-    rebuilt, stderr = run_probe(cache, tmp_path / "rebuilt.pt")
-    assert rebuilt["disk_cache"].get("fx_graph_misses", 0) == 0, rebuilt["disk_cache"]
-    assert rebuilt["disk_cache"].get("fx_graph_hits", 0) == rebuilt["compiles"] > 0, rebuilt["disk_cache"]
-    assert "[Accel] compile cache:" not in stderr, stderr[-3000:]
-    torch.testing.assert_close(torch.load(tmp_path / "rebuilt.pt"), shared_volume["out"]["a"], rtol=0, atol=0)
 
 
 def test_a_damaged_shares_file_is_measured_again_and_rewritten(engine, tmp_path, monkeypatch):

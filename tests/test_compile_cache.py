@@ -1,9 +1,13 @@
-"""The persistent compile cache across processes: a second process hits torch's on-disk caches, a damaged entry is
-skipped and rebuilt, precompile warms a later server's workflow, export/import moves the cache, the size cap evicts
-least recently used, and an unwritable directory or a failing first run never costs the prompt.
+"""The persistent compile cache across processes: two processes compiling the same kind at once leave a cache a
+third loads whole; a damaged entry (one of the pack's artifacts, torch's FX graphs) is skipped and rebuilt, damaged
+torch files are set aside and rebuilt from the artifacts; precompile warms a later server's workflow, export/import
+moves the cache, the size cap evicts least recently used, and an unwritable directory or a failing first run never
+costs the prompt.
 
-The cross-process tests share one cache directory (module scope) and run in order: cold, warm, damaged, then
-precompile at a new size and a server workflow at that size. Hit and miss counts are torch's own counters
+The cross-process tests share one cache directory (module scope) and run in order: two cold processes at once and a
+warm third, damaged entries, damaged torch files, then precompile at a new size and a server workflow at that size,
+then export/import. Their probes (tests/cache_probe.py via probe_runs.py) sample LTX-Video, one block kind, to keep
+CI's time; the UNet's kinds cross processes in the precompile test. Hit and miss counts are torch's own counters
 (counters["inductor"]["fxgraph_cache_hit"/"miss"], counters["aot_autograd"]["autograd_cache_hit"/"miss"]).
 """
 from __future__ import annotations
@@ -22,24 +26,11 @@ import torch
 
 import families
 from compile_helpers import assert_close_to_eager, load, sample
+from probe_runs import result_of, run_probe, start_probe
 from tools.comfy_env import ROOT, comfyui_dir
 from tools.comfy_server import ComfyServer, load_workflow
 
-PROBE = Path(__file__).with_name("cache_probe.py")
-# The probes sample LTX-Video (one block kind: a short compile) to keep CI's time; the UNet's kinds cross processes
-# in the precompile test below.
-PROBE_FAMILY = "ltxv"
 PRECOMPILED = (192, 192)  # a size the probes never sample, so only precompile can have compiled its graphs
-
-
-def run_probe(cache_dir: Path, output: Path) -> tuple[dict, str]:
-    env = {**os.environ, "ACCEL_CACHE_DIR": str(cache_dir)}
-    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    proc = subprocess.run([sys.executable, str(PROBE), "--family", PROBE_FAMILY, "--save-output", str(output)],
-                          capture_output=True, text=True, env=env, timeout=900)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[0][len("RESULT "):]), proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -53,28 +44,48 @@ def environment_dir(cache_dir: Path) -> Path:
     return env_dir
 
 
-def test_second_process_hits_the_on_disk_caches(shared, tmp_path):
-    cold, _ = run_probe(shared["dir"], tmp_path / "cold.pt")
+def test_two_processes_compiling_at_once_leave_a_cache_a_third_loads_whole(shared, tmp_path, accel_pack):
+    """Two processes (a fleet's workers on a shared volume) compile the same kind into one empty cache at the same
+    time: both are correct and leave a consistent cache. A third process then compiles the same graphs, every one
+    from their caches (torch's hit counters, no miss), faster, to the same bits."""
+    store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
+    first = start_probe(shared["dir"], tmp_path / "a.pt", eager=tmp_path / "eager.pt")
+    second = start_probe(shared["dir"], tmp_path / "b.pt")
+    (a, _), (b, _) = result_of(first), result_of(second)
+    eager, output = torch.load(tmp_path / "eager.pt"), torch.load(tmp_path / "a.pt")
+    shared["runs"].update(cold=a, eager=eager, output=output)
+    for name, run in (("a", a), ("b", b)):
+        assert run["compiles"] > 0 and set(run["paths"].values()) == {"compiled"}, run
+        assert_close_to_eager(torch.load(tmp_path / f"{name}.pt"), eager, f"process {name} beside the other")
+    # both compiled cold: they did run at once (neither found the other's graphs)
+    assert a["disk_cache"].get("fx_graph_misses", 0) > 0 and b["disk_cache"].get("fx_graph_misses", 0) > 0, (a, b)
+    # one of them saved each artifact (the other may find it there first, and keeps it)
+    saved = sum(run["compile_cache"]["environments"][0]["artifacts_saved"] for run in (a, b))
+    assert saved > 0, (a["compile_cache"], b["compile_cache"])
+    artifacts = sorted(shared["dir"].rglob("artifacts/*/*.bin"))
+    assert artifacts, "nothing was saved"
+    for path in artifacts:
+        store.unpack_artifact(path.read_bytes())  # raises on a torn or mixed write
+    assert not list(shared["dir"].rglob(".tmp-*")), "a temporary file of an interrupted write was left"
+
     warm, _ = run_probe(shared["dir"], tmp_path / "warm.pt")
-    shared["runs"].update(cold=cold, warm=warm, output=torch.load(tmp_path / "cold.pt"))
-    assert cold["disk_cache"].get("fx_graph_misses", 0) > 0, cold
-    assert cold["compile_cache"]["environments"][0]["artifacts_saved"] > 0, cold
-    # the second process compiled the same graphs, all from the first one's caches
-    assert warm["compiles"] == cold["compiles"] > 0
+    shared["runs"]["warm"] = warm
+    assert warm["compiles"] == a["compiles"] > 0
     assert warm["disk_cache"].get("fx_graph_hits", 0) == warm["compiles"], warm["disk_cache"]
     assert warm["disk_cache"].get("aot_autograd_hits", 0) == warm["compiles"], warm["disk_cache"]
     assert warm["disk_cache"].get("fx_graph_misses", 0) == 0, warm["disk_cache"]
-    assert warm["compile_seconds"] < cold["compile_seconds"], (warm["compile_seconds"], cold["compile_seconds"])
-    torch.testing.assert_close(torch.load(tmp_path / "warm.pt"), shared["runs"]["output"], rtol=0, atol=0)
+    assert warm["compile_cache"]["environments"][0]["artifacts_skipped_corrupt"] == 0, warm["compile_cache"]
+    assert warm["compile_seconds"] < a["compile_seconds"], (warm["compile_seconds"], a["compile_seconds"])
+    torch.testing.assert_close(torch.load(tmp_path / "warm.pt"), output, rtol=0, atol=0)
     # the cache lives where it was told to, and torch's own settings are as they were outside the pack's calls
     assert environment_dir(shared["dir"]).joinpath("inductor", "fxgraph").is_dir()
-    for run in (cold, warm):
+    for run in (a, b, warm):
         assert run["torch_state_changes"] == [], run["torch_state_changes"]
 
 
 def test_damaged_entries_are_skipped_and_rebuilt(shared, tmp_path, accel_pack):
     if "warm" not in shared["runs"]:
-        pytest.skip("needs the cache written by test_second_process_hits_the_on_disk_caches")
+        pytest.skip("needs the cache written by the test above")
     store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
     env_dir = environment_dir(shared["dir"])
     artifact = sorted(env_dir.glob("artifacts/*/*.bin"))[0]
@@ -96,6 +107,35 @@ def test_damaged_entries_are_skipped_and_rebuilt(shared, tmp_path, accel_pack):
     for key_dir in {p.parent for p in graphs}:
         assert any(p.stat().st_size > 20 for p in key_dir.iterdir()), f"no whole FX graph left in {key_dir}"
     assert_close_to_eager(torch.load(tmp_path / "damaged.pt"), shared["runs"]["output"], "after a damaged entry")
+
+
+def test_damaged_torch_files_are_set_aside_and_rebuilt_from_the_artifacts(shared, tmp_path):
+    """torch's own files in the cache damaged (every file under `inductor/` cut short: the generated code and
+    kernels torch loads without a check): the process compiles outside the cache, stays compiled and correct, and
+    sets the damaged folder aside with one warning; the next process rebuilds it from the pack's checksummed
+    artifacts and compiles nothing cold."""
+    if "warm" not in shared["runs"]:
+        pytest.skip("needs the cache written by the tests above")
+    torch_files = [p for p in shared["dir"].glob("*/inductor/**/*") if p.is_file() and p.stat().st_size > 20]
+    assert torch_files, "torch wrote nothing into the cache"
+    for path in torch_files:  # cut short, as by a crash or a disk error under torch's own writes
+        path.write_bytes(path.read_bytes()[:20])
+
+    damaged, stderr = run_probe(shared["dir"], tmp_path / "damaged.pt")
+    assert damaged["compiles"] > 0 and set(damaged["paths"].values()) == {"compiled"}, damaged
+    assert_close_to_eager(torch.load(tmp_path / "damaged.pt"), shared["runs"]["eager"],
+                          "compiled over damaged torch files")
+    (environment,) = damaged["compile_cache"]["environments"]
+    assert environment["torch_files_set_aside"] == 1 and environment["writable"] is True, environment
+    warnings = [line for line in stderr.splitlines() if "[Accel] compile cache:" in line]
+    assert len(warnings) == 1 and "were damaged" in warnings[0] and "cache clear" in warnings[0], warnings
+    assert "runs eagerly" not in stderr, stderr[-3000:]
+
+    rebuilt, stderr = run_probe(shared["dir"], tmp_path / "rebuilt.pt")
+    assert rebuilt["disk_cache"].get("fx_graph_misses", 0) == 0, rebuilt["disk_cache"]
+    assert rebuilt["disk_cache"].get("fx_graph_hits", 0) == rebuilt["compiles"] > 0, rebuilt["disk_cache"]
+    assert "[Accel] compile cache:" not in stderr, stderr[-3000:]
+    torch.testing.assert_close(torch.load(tmp_path / "rebuilt.pt"), shared["runs"]["output"], rtol=0, atol=0)
 
 
 def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_path, monkeypatch, accel_pack):
