@@ -7,7 +7,7 @@ the test's own:
   completes with the output of eager within the compiled tolerance, its kind still compiled (in torch's
   temporary cache), one warning naming the directory and the fix; once there is room again, the next process
   persists. The small file system is a tmpfs of its own, which needs root with CAP_SYS_ADMIN (this project's
-  machines and CI have both); elsewhere the test says so and skips;
+  machines have both); elsewhere the test says so and skips;
 - a damaged shares file (compile/saved_shares.py) is read as none, measured again and rewritten whole;
 - a damaged background job (its job.pkl) fails that job alone: the child says why in the job's done file and
   takes the next one.
