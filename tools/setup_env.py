@@ -10,8 +10,9 @@ nothing else exists yet. Each step leaves a stamp so a second run costs a few se
 3. that ComfyUI's own requirements plus the project's test tools, with torch pinned;
 4. this pack linked into that ComfyUI's `custom_nodes/`;
 5. the generated test models in that ComfyUI's model folders (tools/make_models.py);
-6. a browser for the web UI tests: Debian's Chromium (apt-get, as root) when none is on PATH; Playwright for
-   Python drives it (its own browser download cannot work on the project's machines).
+6. a browser for the web UI tests: Debian's Chromium (apt-get, as root, started first and run beside the steps
+   above) when none is on PATH; Playwright for Python drives it (its own browser download cannot work on the
+   project's machines).
 """
 from __future__ import annotations
 
@@ -126,22 +127,38 @@ def ensure_pack_link(comfy: Path) -> None:
     log(f"linked {link} -> {ROOT}")
 
 
-def ensure_browser() -> None:
-    """Debian's Chromium for the browser tests, installed with apt-get when none is on PATH and this runs as root
-    (CI and the project's machines); elsewhere a message says what to install."""
+APT_ENV = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+APT_INSTALL = ["apt-get", "install", "-y", "-qq", "chromium"]
+
+
+def start_browser_install() -> tuple[subprocess.Popen, Path] | None:
+    """Start installing Debian's Chromium for the browser tests, when none is on PATH and this runs as root (CI and
+    the project's machines), beside the Python set-up, which does not need it: on a fresh machine both mostly wait
+    for downloads. Elsewhere a message says what to install. Returns the apt-get process and its log file."""
     from browser import chromium_path  # tools/browser.py, beside this script (Playwright is imported lazily)
 
     if chromium_path():
-        return
+        return None
     if shutil.which("apt-get") is None or os.geteuid() != 0:
         log("no Chromium on PATH: the web UI tests need one (Debian: apt-get install chromium; or set "
             "ACCEL_CHROMIUM to a Chromium binary)")
+        return None
+    log("$ " + " ".join(APT_INSTALL) + "  (beside the Python set-up)")
+    apt_log = Path(tempfile.mkstemp(prefix="accel-apt-", suffix=".log")[1])
+    with open(apt_log, "wb") as out:
+        return subprocess.Popen(APT_INSTALL, env=APT_ENV, stdout=out, stderr=subprocess.STDOUT), apt_log
+
+
+def finish_browser_install(started: tuple[subprocess.Popen, Path] | None) -> None:
+    if started is None:
         return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-qq", "chromium"]
-    if subprocess.run(install, env=env).returncode != 0:  # a fresh machine may have no package lists yet
-        run(["apt-get", "update", "-qq"], env=env)
-        run(install, env=env)
+    proc, apt_log = started
+    if proc.wait() != 0:  # a fresh machine may have no package lists yet
+        log(f"apt-get install chromium failed ({apt_log.read_text(errors='replace')[-300:].strip()}); "
+            "updating the package lists first")
+        run(["apt-get", "update", "-qq"], env=APT_ENV)
+        run(APT_INSTALL, env=APT_ENV)
+    apt_log.unlink(missing_ok=True)
     log("installed Debian's chromium for the web UI tests")
 
 
@@ -151,20 +168,25 @@ def main() -> None:
                         help="which generated models to write (default: the small test set)")
     args = parser.parse_args()
 
-    ensure_venv()
     comfy = comfyui_dir()
-    if "COMFYUI_DIR" in os.environ:
-        if not (comfy / "main.py").exists():
-            sys.exit(f"COMFYUI_DIR={comfy} holds no ComfyUI (no main.py). Point it at a ComfyUI checkout, "
-                     "or unset it to use the default ComfyUI 0.3.75 under .comfyui/ComfyUI.")
-    else:
-        ensure_default_comfyui(comfy)
-    ensure_requirements(comfy)
-    ensure_pack_link(comfy)
-    ensure_browser()
-    if args.models != "none":
-        run([VENV_PY, ROOT / "tools" / "make_models.py", "--set", args.models],
-            env={**os.environ, "COMFYUI_DIR": str(comfy)})
+    if "COMFYUI_DIR" in os.environ and not (comfy / "main.py").exists():
+        sys.exit(f"COMFYUI_DIR={comfy} holds no ComfyUI (no main.py). Point it at a ComfyUI checkout, "
+                 "or unset it to use the default ComfyUI 0.3.75 under .comfyui/ComfyUI.")
+    browser = start_browser_install()
+    try:
+        ensure_venv()
+        if "COMFYUI_DIR" not in os.environ:
+            ensure_default_comfyui(comfy)
+        ensure_requirements(comfy)
+        ensure_pack_link(comfy)
+        if args.models != "none":
+            run([VENV_PY, ROOT / "tools" / "make_models.py", "--set", args.models],
+                env={**os.environ, "COMFYUI_DIR": str(comfy)})
+    except BaseException:
+        if browser:
+            browser[0].wait()  # never leave apt-get running behind a failed set-up
+        raise
+    finish_browser_install(browser)
     log(f"ready: ComfyUI at {comfy}")
 
 
