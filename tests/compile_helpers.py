@@ -62,6 +62,15 @@ def assert_close_to_eager(actual, expected, what: str) -> None:
     torch.testing.assert_close(actual, expected, rtol=1e-3, atol=2e-5 * max(scale, 1.0), msg=what)
 
 
+def assert_every_artifact_whole(store, cache_dir) -> None:
+    """Every artifact the pack saved under `cache_dir` unpacks (store.unpack_artifact checks its checksum): none
+    torn or mixed by processes that wrote into one cache at once."""
+    artifacts = sorted(cache_dir.rglob("artifacts/*/*.bin"))
+    assert artifacts, f"nothing was saved in {cache_dir}"
+    for path in artifacts:
+        store.unpack_artifact(path.read_bytes())  # raises on a torn or mixed write
+
+
 def own_kinds(engine, patcher, choose: str | None = None) -> list[dict]:
     """Registry stats of the kinds `patcher`'s model runs (each once; only its records with `choose`, if given),
     whatever else this process compiled: kinds are shared between models, so the registry holds other tests'."""

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import families
-from compile_helpers import assert_close_to_eager, load, sample
+from compile_helpers import assert_close_to_eager, assert_every_artifact_whole, load, sample
 from probe_runs import result_of, run_probe, start_probe
 from tools.comfy_env import ROOT, comfyui_dir
 from tools.comfy_server import ComfyServer, load_workflow
@@ -62,10 +62,7 @@ def test_two_processes_compiling_at_once_leave_a_cache_a_third_loads_whole(share
     # one of them saved each artifact (the other may find it there first, and keeps it)
     saved = sum(run["compile_cache"]["environments"][0]["artifacts_saved"] for run in (a, b))
     assert saved > 0, (a["compile_cache"], b["compile_cache"])
-    artifacts = sorted(shared["dir"].rglob("artifacts/*/*.bin"))
-    assert artifacts, "nothing was saved"
-    for path in artifacts:
-        store.unpack_artifact(path.read_bytes())  # raises on a torn or mixed write
+    assert_every_artifact_whole(store, shared["dir"])
     assert not list(shared["dir"].rglob(".tmp-*")), "a temporary file of an interrupted write was left"
 
     warm, _ = run_probe(shared["dir"], tmp_path / "warm.pt")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compile_helpers import assert_close_to_eager
+from compile_helpers import assert_close_to_eager, assert_every_artifact_whole
 from soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of, wait_for_background
 
 pytestmark = pytest.mark.server
@@ -101,11 +101,7 @@ def test_kill_9_during_a_background_compile_leaves_nothing_running_and_a_restart
             cold = cold_compiles(worker)
             assert_close_to_eager(run_latent(worker, compiled, f"{name}-after"), eager, f"{name}, compiled")
             assert cold_compiles(worker) == cold, f"the {name} server compiled again what a child had compiled"
-    store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
-    artifacts = sorted((tmp_path / "cache").rglob("artifacts/*/*.bin"))
-    assert artifacts, "the children saved nothing"
-    for path in artifacts:
-        store.unpack_artifact(path.read_bytes())  # raises on a torn or mixed write
+    assert_every_artifact_whole(sys.modules[accel_pack.__name__ + ".accel.cache.store"], tmp_path / "cache")
     # the killed server's job and child folders went with the restart's first job (its own are gone by its exit)
     left = [p.name for p in (tmp_path / "cache").glob("*/jobs/*") if f"-{killed}-" in p.name]
     assert not left, f"the killed server's background-compile folders stayed in the cache: {left}"
