@@ -9,8 +9,9 @@ class DeepCache:
     CATEGORY = CATEGORY
     DESCRIPTION = ("Reuses deep features across sampling steps: a UNet's deep skip-branch feature, or a transformer's "
                    "(Flux, Chroma, SD3, Wan, HunyuanVideo, Qwen-Image, LTX-Video) middle blocks' residual, so that "
-                   "reused steps run only the outer blocks. Its state is created for each sampling run and dropped "
-                   "after it, so nothing carries over between prompts.")
+                   "reused steps run only the outer blocks. Which steps reuse: a fixed schedule, or adaptive (each step "
+                   "decides from how much the features moved). Its state is created for each sampling run and "
+                   "dropped after it, so nothing carries over between prompts.")
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "apply"
 
@@ -25,14 +26,25 @@ class DeepCache:
                                                "how many blocks beyond the first and last stay live at each end."}),
             "start_percent": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01}),
             "end_percent": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01}),
-            "schedule": (list(deepcache.SCHEDULES), {"default": "uniform"}),
+            "schedule": (list(deepcache.SCHEDULES), {
+                "default": "uniform",
+                "tooltip": "uniform: one full step in cache_interval. non-uniform: as many, denser early. adaptive: "
+                           "each step decides from how much the features moved since the last full step "
+                           "(threshold), at most cache_interval - 1 reused steps in a row; runs of 8 steps or "
+                           "fewer are left alone."}),
+        }, "optional": {
+            "threshold": ("FLOAT", {"default": deepcache.DEFAULT_THRESHOLD, "min": 0.0, "max": 10.0, "step": 0.01,
+                                    "tooltip": "adaptive only: a step reuses while the deep part's input changed "
+                                               "by less than this share (0.2 = 20 %) since the last full step. "
+                                               "0 = never reuse; higher = faster, further from full compute."}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
-    def apply(self, model, cache_interval, cache_depth, start_percent, end_percent, schedule, unique_id=None):
+    def apply(self, model, cache_interval, cache_depth, start_percent, end_percent, schedule,
+              threshold=deepcache.DEFAULT_THRESHOLD, unique_id=None):
         options = dict(cache_interval=cache_interval, cache_depth=cache_depth, start_percent=start_percent,
-                       end_percent=end_percent, schedule=schedule)
+                       end_percent=end_percent, schedule=schedule, threshold=threshold)
         config = deepcache.DeepCacheConfig(interval=cache_interval, depth=cache_depth, start_percent=start_percent,
-                                           end_percent=end_percent, schedule=schedule,
+                                           end_percent=end_percent, schedule=schedule, threshold=threshold,
                                            owner=None if unique_id is None else str(unique_id))
         patched, depth, message = deepcache.apply(model, config)
         if patched is None:

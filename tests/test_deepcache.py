@@ -87,6 +87,53 @@ def test_uniform_and_nonuniform_plans(pack):
     assert plan.step_of(12.5, 7) == 7  # a sampler's sub-step between two scheduled sigmas stays in its step
 
 
+def test_adaptive_plan_keeps_the_ends_full_and_leaves_short_runs_alone(pack):
+    schedule = pack.accel.deepcache.schedule
+    sigmas = [float(20 - i) for i in range(21)]
+    plan = schedule.make_plan(sigmas, 3, "adaptive", 1e9, 0.0)
+    assert plan.adaptive and [i for i, f in enumerate(plan.full) if f] == [0, 19]  # the others decide in their step
+    window = schedule.make_plan(sigmas, 3, "adaptive", 15.0, 5.0)  # sigma in (5, 15]: steps 5..14
+    assert [i for i, f in enumerate(window.full) if not f] == list(range(6, 15))
+    assert schedule.make_plan(sigmas, 1, "adaptive", 1e9, 0.0).shallow_steps == 0  # interval 1: never reuse
+    short = [float(8 - i) for i in range(9)]  # 8 steps: distilled models' runs
+    assert schedule.make_plan(short, 3, "adaptive", 1e9, 0.0).shallow_steps == 0
+    assert schedule.make_plan(short, 3, "uniform", 1e9, 0.0).shallow_steps == 5  # the fixed plans do as set
+    policy = pack.accel.deepcache.DeepCacheConfig(schedule="adaptive", interval=3, threshold=0.2).policy()
+    assert policy.reuses(0.19, 1) and not policy.reuses(0.21, 0) and not policy.reuses(0.0, 2)
+    with pytest.raises(ValueError, match="threshold"):
+        pack.accel.deepcache.DeepCacheConfig(schedule="adaptive", threshold=-1.0)
+
+
+def test_adaptive_mode_on_the_unet(pack, unet):
+    """Threshold 0 equals no DeepCache bit for bit; the defaults reuse on some steps of a 12-step run and say how
+    many; run A, then B (another size, batch 2, cond and uncond in separate calls), then A, then A after an
+    unload: every A equal; A split equals A batched (every chunk of a step has the same input latent)."""
+    import comfy.model_management
+
+    def adaptive(model, threshold=None):
+        extra = {} if threshold is None else {"threshold": threshold}
+        return pack.nodes.deepcache.DeepCache().apply(model, 3, 1, 0.0, 1.0, "adaptive", **extra)[0]
+
+    STEPS = 12  # adaptive mode leaves runs of 8 steps or fewer alone
+    eager = sample(unet, size=(8, 8), steps=STEPS, seed=0)
+    assert torch.equal(sample(adaptive(unet, 0.0), size=(8, 8), steps=STEPS, seed=0), eager)
+    assert last_run_report(pack)["reused_steps"] == 0
+    model = adaptive(unet)
+    a1 = sample(model, size=(8, 8), steps=STEPS, seed=0)
+    report = last_run_report(pack)
+    assert report["schedule"] == "adaptive" and 0 < report["reused_steps"] < STEPS - 1, report
+    assert report["shallow_calls"] == report["reused_steps"] and 0 < report["compute_skipped"] < 1, report
+    assert not torch.equal(a1, eager)
+    b = sample(split_cond_uncond(model), size=(8, 16), batch=2, steps=STEPS, seed=1)
+    assert b.shape == (2, 4, 8, 16) and last_run_report(pack)["reused_steps"] > 0
+    assert torch.equal(sample(model, size=(8, 8), steps=STEPS, seed=0), a1), "run A changed after run B"
+    comfy.model_management.unload_all_models()
+    assert torch.equal(sample(model, size=(8, 8), steps=STEPS, seed=0), a1), "run A changed after an unload"
+    split = sample(split_cond_uncond(model), size=(8, 8), steps=STEPS, seed=0)
+    assert last_run_report(pack)["reused_steps"] == report["reused_steps"]
+    torch.testing.assert_close(split, a1, rtol=0, atol=1e-6 * a1.abs().max().item())
+
+
 def test_percent_window_uses_the_models_sigmas(pack, unet):
     import comfy.samplers
 

@@ -5,8 +5,9 @@ Flux (with ACCEL_ALL_FAMILIES=1) and HunyuanVideo (double- and single-stream lis
 files through ComfyUI's UNETLoader; SD3 and Wan 2.1 are the same generated families with 4 blocks instead of 2 (a middle to skip), loaded
 from their state dicts by ComfyUI's own diffusion-model loader (detection picks the family's class). Sampling is
 ComfyUI's own, with conditioning tensors of the family's widths, at cfg 2 so that cond and uncond both run.
-Not covered here: Qwen-Image (the generated file has one 3072-wide block; three would be over 2 GB), Chroma (one
-block per list), LTX-Video (2 blocks).
+The adaptive mode also runs on Flux and Qwen-Image built from ComfyUI's own classes at two heads (NARROW: the
+generated files are 3072 wide, Qwen-Image's with one block). Not covered here: Chroma (one block per list),
+LTX-Video (2 blocks).
 """
 from __future__ import annotations
 
@@ -35,6 +36,31 @@ DEEPER = {
         "target": "torch.nn.Linear", "params": {"in_features": 4096, "out_features": 256}}),
     "wan21": deeper("wan21", num_layers=4),
 }
+# Flux and Qwen-Image as their own ComfyUI classes (comfy.supported_models) at two 128-wide heads instead of the
+# 24 that detection pins: 3 blocks per list for a middle to skip, megabytes instead of gigabytes. Built without
+# the loader's detection, which would read them as 3072 wide (the loader's path is the generated files').
+NARROW = {
+    "flux": deeper("flux", hidden_size=256, num_heads=2, depth=3, depth_single_blocks=3),
+    "qwen_image": deeper("qwen_image", num_layers=4, num_attention_heads=2),
+}
+
+
+def narrow_model(family: family_models.Family, seed: int = 7):
+    """A ModelPatcher of the family's class and config, as ComfyUI's loader builds one, with seeded weights."""
+    import comfy.model_management
+    import comfy.model_patcher
+
+    import comfy.supported_models
+
+    weights = family_models.fill_family(family_models.build_model(family.detected, family.unet_config).diffusion_model,
+                                        seed)
+
+    config = getattr(comfy.supported_models, family.detected)(dict(family.unet_config))
+    config.set_inference_dtype(torch.float32, None)
+    model = config.get_model({}, device="cpu")
+    model.diffusion_model.load_state_dict(weights)
+    return comfy.model_patcher.ModelPatcher(model, load_device=comfy.model_management.get_torch_device(),
+                                            offload_device=comfy.model_management.unet_offload_device())
 # The tiny Flux is 3072 wide (a 2 GB file, seconds a step): CI leaves it to HunyuanVideo, which has Flux's two
 # block lists and the same replace patches; ACCEL_ALL_FAMILIES=1 runs it too.
 FLUX = pytest.param("flux", marks=pytest.mark.skipif(
@@ -53,6 +79,8 @@ def models(comfy_nodes):
             if name in DEEPER:
                 state_dict = family_models.family_state_dict(DEEPER[name], seed=7)
                 self[name] = comfy.sd.load_diffusion_model_state_dict(state_dict)
+            elif name in NARROW:
+                self[name] = narrow_model(NARROW[name])
             else:
                 self[name] = families.load(comfy_nodes, families.BY_FAMILY[name])
             return self[name]
@@ -118,7 +146,8 @@ def test_dit_deepcache_leaks_nothing_between_runs(accel_pack, models, name):
 
 def test_dit_deepcache_with_compile_model_recompiles_nothing_after_the_first_run(accel_pack, models):
     """Compile Model's compiled blocks serve DeepCache's full steps and the live blocks of its reused ones, in
-    either node order; after the first run nothing compiles again (Dynamo's own counter)."""
+    either node order, with the uniform schedule and the adaptive one (its decision is plain Python in the block
+    loop, between compiled blocks); after the first run nothing compiles again (Dynamo's own counter)."""
     from torch._dynamo.utils import counters
 
     name, model = "wan21", models["wan21"]
@@ -127,16 +156,21 @@ def test_dit_deepcache_with_compile_model_recompiles_nothing_after_the_first_run
     def compiled(m):
         return compile_node.apply(m, "default", "auto", "auto", "always compiled")[0]
 
-    reference = run(deepcache(accel_pack, model, 3, 0), name)
-    for build in (lambda: deepcache(accel_pack, compiled(model), 3, 0),
-                  lambda: compiled(deepcache(accel_pack, model, 3, 0))):
-        out = run(build(), name)
-        assert last_report(accel_pack)["reused_steps"] == reused_of(name)
-        torch.testing.assert_close(out, reference, rtol=1e-3, atol=1e-3)
-        frames = counters["frames"]["ok"]
-        with torch.compiler.set_stance("fail_on_recompile"):
-            run(build(), name, seed=5)
-        assert counters["frames"]["ok"] == frames, "DeepCache made Compile Model recompile after the first run"
+    uniform = (lambda m: deepcache(accel_pack, m, 3, 0), lambda m, seed=0: run(m, name, seed=seed))
+    adaptive_mode = (lambda m: adaptive(accel_pack, m, threshold=0.3),
+                     lambda m, seed=0: run_adaptive(m, name, seed=seed, steps=10))
+    for cache, sample_run in (uniform, adaptive_mode):
+        reference = sample_run(cache(model))
+        reused = last_report(accel_pack)["reused_steps"]
+        assert reused > 0
+        for build in (lambda: cache(compiled(model)), lambda: compiled(cache(model))):
+            out = sample_run(build())
+            assert last_report(accel_pack)["reused_steps"] == reused
+            torch.testing.assert_close(out, reference, rtol=1e-3, atol=1e-3)
+            frames = counters["frames"]["ok"]
+            with torch.compiler.set_stance("fail_on_recompile"):
+                sample_run(build(), seed=5)
+            assert counters["frames"]["ok"] == frames, "DeepCache made Compile Model recompile after the first run"
 
 
 def test_another_nodes_block_patch_keeps_working_under_deepcache(accel_pack, models):
@@ -160,3 +194,82 @@ def test_too_few_blocks_pass_through_with_the_reason(accel_pack, comfy_nodes, ca
     with caplog.at_level("WARNING", logger="comfyui_accel"):
         out = deepcache(accel_pack, model, 3, 0)
     assert out.model is model.model and "too few blocks" in caplog.text and "passes through" in caplog.text
+
+
+# ---- adaptive mode (accel/deepcache/adaptive.py) ------------------------------------------------------------
+ADAPTIVE_CASES = ("flux", "qwen_image", "sd3", "wan21")
+ADAPTIVE_STEPS = 20  # adaptive mode leaves runs of 8 steps or fewer alone
+
+
+def adaptive(pack, model, threshold=None, interval=3):
+    node = pack.nodes.deepcache.DeepCache()
+    extra = {} if threshold is None else {"threshold": threshold}
+    return node.apply(model, interval, 0, 0.0, 1.0, "adaptive", **extra)[0]
+
+
+def run_adaptive(model, name: str, seed: int = 0, steps: int = ADAPTIVE_STEPS, latent_shape=None):
+    family = families.BY_FAMILY[name]
+    return families.sample(model, family, steps=steps, seed=seed, cfg=CFG, latent_shape=latent_shape)
+
+
+@pytest.mark.parametrize("name", ADAPTIVE_CASES)
+def test_adaptive_mode_reuses_by_default_and_threshold_0_changes_nothing(accel_pack, models, name):
+    model = models[name]
+    eager = run_adaptive(model, name)
+    off = adaptive(accel_pack, model, threshold=0.0)
+    assert torch.equal(run_adaptive(off, name), eager), "adaptive mode at threshold 0 changed the output"
+    assert last_report(accel_pack)["reused_steps"] == 0
+    cached = run_adaptive(adaptive(accel_pack, model), name)  # every default: threshold 0.2, interval 3
+    report = last_report(accel_pack)
+    assert report["status"] == "completed" and report["schedule"] == "adaptive", report
+    assert report["threshold"] == accel_pack.accel.deepcache.DEFAULT_THRESHOLD, report
+    assert 0 < report["reused_steps"] < ADAPTIVE_STEPS - 1 and 0 < report["compute_skipped"] < 1, report
+    assert torch.isfinite(cached).all() and not torch.equal(cached, eager), "nothing was reused"
+    error = ((cached - eager).abs().max() / eager.abs().max()).item()
+    assert error < 1.0, f"{name}: adaptive reuse gave another picture entirely ({error:.3f})"
+
+
+def test_adaptive_mode_leaves_runs_of_8_steps_alone(accel_pack, models):
+    """Few-step (distilled) runs: nothing reused however high the threshold, the output is full compute's."""
+    model = models["wan21"]
+    assert torch.equal(run_adaptive(adaptive(accel_pack, model, threshold=10.0), "wan21", steps=8),
+                       run_adaptive(model, "wan21", steps=8))
+    assert last_report(accel_pack)["reused_steps"] == 0
+
+
+@pytest.mark.parametrize("name", ADAPTIVE_CASES)
+def test_adaptive_mode_leaks_nothing_and_cond_uncond_split_equals_batched(accel_pack, models, name):
+    """Run A, then B at another size and batch with cond and uncond in separate calls, then A again, and A after
+    the model was unloaded: each A equals the first bit for bit. A with cond and uncond split equals A batched
+    (each chunk decides for itself; a batched call where only some chunks reuse gives each what it gets alone)."""
+    import comfy.model_management
+
+    model, steps = adaptive(accel_pack, models[name], threshold=0.3), 10
+    first = run_adaptive(model, name, seed=3, steps=steps)
+    other = run_adaptive(split_cond_uncond(model), name, seed=4, steps=steps, latent_shape=bigger(name))
+    assert torch.isfinite(other).all() and last_report(accel_pack)["reused_steps"] > 0
+    assert torch.equal(run_adaptive(model, name, seed=3, steps=steps), first), "run A changed after run B"
+    comfy.model_management.unload_all_models()
+    assert torch.equal(run_adaptive(model, name, seed=3, steps=steps), first), "run A changed after an unload"
+    split = run_adaptive(split_cond_uncond(model), name, seed=3, steps=steps)
+    torch.testing.assert_close(split, first, rtol=0, atol=1e-5 * first.abs().max().item(),
+                               msg=lambda m: f"{name}: split cond/uncond differs from batched: {m}")
+
+
+def test_a_call_where_only_some_chunks_reuse_gives_each_what_it_gets_alone(accel_pack, models):
+    """Cond and uncond decide apart (their signals differ); at a threshold between them a batched call reuses for
+    one chunk and runs the other. Its result equals cond and uncond in calls of their own, where each call
+    either reuses or runs."""
+    name = "flux"
+    partial = None
+    for threshold in (0.2, 0.22, 0.24, 0.26, 0.18):  # between the chunks' signals on this model (seeded weights)
+        batched = run_adaptive(adaptive(accel_pack, models[name], threshold=threshold), name, seed=3, steps=10)
+        report = last_report(accel_pack)
+        if report["partial_calls"]:
+            partial = threshold
+            break
+    assert partial is not None, f"no threshold gave a call in which only some chunks reused: {report}"
+    split = run_adaptive(split_cond_uncond(adaptive(accel_pack, models[name], threshold=partial)), name, seed=3,
+                         steps=10)
+    assert last_report(accel_pack)["partial_calls"] == 0  # one chunk per call: each call reuses or runs
+    torch.testing.assert_close(split, batched, rtol=0, atol=1e-5 * batched.abs().max().item())

@@ -5,9 +5,11 @@
   and the FLOP estimate of the shallow path's share.
 - `dit_paths`: on a transformer, the middle blocks' residual captured on full steps and added instead of them on
   reused ones, through ComfyUI's per-block replace patches.
+- `adaptive`: adaptive mode's signal and rule, decided per step and cond chunk.
 - `runtime`: the OUTER_SAMPLE and DIFFUSION_MODEL wrappers, the per-run state and `apply()`.
 """
+from .adaptive import DEFAULT_THRESHOLD
 from .runtime import FEATURE, DeepCacheConfig, apply
 from .schedule import SCHEDULES
 
-__all__ = ["FEATURE", "DeepCacheConfig", "SCHEDULES", "apply"]
+__all__ = ["DEFAULT_THRESHOLD", "FEATURE", "DeepCacheConfig", "SCHEDULES", "apply"]

@@ -14,6 +14,9 @@ nothing may live in the patch objects):
   place, as Flux's do), its last block's output minus that copy is the span's residual;
 - reused call: the span's first block returns its inputs plus the residual, the other blocks of the span return
   their inputs: no block of the span runs;
+- adaptive call (adaptive.py): the first span's first block measures its input, the signal, and decides per cond
+  chunk; if every chunk reuses the call is a reused call, else its spans run and capture, and each span's output
+  of the chunks that reuse is replaced by their input plus their residual (what those chunks get alone);
 - any other call, or a block whose inputs do not match the residual's shapes: the original block runs.
 
 A span never crosses from one block list to the next (Flux joins its image and text tokens between its double
@@ -25,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from .adaptive import AdaptiveCall
 
 CALL_KEY = "accel_deepcache_call"  # the call's SpanCall, in the call's own transformer_options
 
@@ -95,11 +100,22 @@ def skipped_share(diffusion_model, spans: list[Span]) -> float | None:
 @dataclass
 class SpanCall:
     """What the span patches do in one model call (set by runtime.py before the call, read by the patches)."""
-    capture: bool = False  # full call: record each span's residual
-    residuals: dict = field(default_factory=dict)  # span index -> {stream: tensor}: given to reuse, or captured
+    capture: bool = False  # record each span's residual (a full call, or an adaptive one)
+    residuals: dict = field(default_factory=dict)  # span index -> {stream: tensor}: the cached ones, to reuse
+    captured: dict = field(default_factory=dict)  # span index -> {stream: tensor}: computed in this call
     reusing: set = field(default_factory=set)  # span indices served from `residuals` in this call
     starts: dict = field(default_factory=dict)  # span index -> {stream: copy of its first block's inputs}
     ran_spans: set = field(default_factory=set)  # span indices whose blocks ran (a fallback on a reused call)
+    adaptive: AdaptiveCall | None = None  # adaptive mode: decided per chunk at the first span's first block
+    signal: torch.Tensor | None = None  # a captured call's first span input (image tokens): adaptive's reference
+
+    def reuses(self, span_index: int) -> bool:
+        """Whether the span is served from its cached residual in this call (asked at its first block)."""
+        if span_index not in self.residuals:
+            return False
+        if self.adaptive is not None:
+            return all(self.adaptive.reuse or (False,))
+        return not self.capture
 
 
 def split_residuals(residuals: dict, chunks: int) -> list[dict]:
@@ -134,7 +150,9 @@ class SpanBlockPatch:
         if call is None:
             return original(args)
         first, last = self.block == span.first, self.block == span.last
-        if span.index in call.reusing or (first and span.index in call.residuals and not call.capture):
+        if first and call.adaptive is not None:
+            call.adaptive.decide(args.get("img"))  # at the first span's first block; later spans follow it
+        if span.index in call.reusing or (first and call.reuses(span.index)):
             residual = call.residuals[span.index]
             if first:
                 if any(k not in args or args[k].shape != r.shape for k, r in residual.items()):
@@ -146,10 +164,30 @@ class SpanBlockPatch:
         if call.capture and first:
             call.starts[span.index] = {k: v.clone() for k, v in args.items()
                                        if isinstance(v, torch.Tensor) and k in ("img", "txt")}
+            if call.signal is None and "img" in call.starts[span.index]:
+                call.signal = call.starts[span.index]["img"]
         out = original(args)
         call.ran_spans.add(span.index)
         if call.capture and last and span.index in call.starts:
             start = call.starts.pop(span.index)
             if all(isinstance(v, torch.Tensor) and k in start and start[k].shape == v.shape for k, v in out.items()):
-                call.residuals[span.index] = {k: v - start[k] for k, v in out.items()}
+                call.captured[span.index] = {k: v - start[k] for k, v in out.items()}
+                if call.adaptive is not None and call.adaptive.mixed and span.index in call.residuals:
+                    out = splice_reused_chunks(out, start, call.residuals[span.index], call.adaptive.reuse)
         return out
+
+
+def splice_reused_chunks(out: dict, start: dict, residual: dict, reuse: tuple) -> dict:
+    """A span's output with the chunks that reuse replaced by their input plus their cached residual: in a call
+    where only some chunks reuse, each chunk gets what it would get in a call of its own."""
+    spliced = dict(out)
+    for k, residual_k in residual.items():
+        if k not in out or out[k].shape != residual_k.shape:
+            continue
+        parts = list(out[k].chunk(len(reuse)))
+        starts, residuals = start[k].chunk(len(reuse)), residual_k.chunk(len(reuse))
+        for i, reused in enumerate(reuse):
+            if reused:
+                parts[i] = starts[i] + residuals[i]
+        spliced[k] = torch.cat(parts)
+    return spliced

@@ -12,6 +12,9 @@ reuse the deep feature of a skip branch; transformer models (dit_paths.py) reuse
   DIFFUSION_MODEL is inside APPLY_MODEL, so blocks compiled by Compile Model from an APPLY_MODEL wrapper
   are in place on both paths, whatever the node order.
 
+In adaptive mode (adaptive.py) the plan leaves most steps open and each call decides in plain Python: a UNet call
+before it runs, from its input latent; a transformer call in its block loop, from the first skipped span's input.
+
 Cached features live only in the RunState and are keyed per cond chunk (`uuids`, one per cond/uncond entry,
 new for every run), per full step, and by shape, dtype and device; a call that finds no matching feature
 does a full step. So cond and uncond, batched or split, a changed batch size or resolution, another
@@ -26,7 +29,8 @@ import torch
 
 from .. import telemetry
 from . import dit_paths, unet_paths
-from .schedule import SCHEDULES, StepPlan, make_plan
+from .adaptive import DEFAULT_THRESHOLD, AdaptiveCall, AdaptivePolicy
+from .schedule import ADAPTIVE, ADAPTIVE_MIN_STEPS, SCHEDULES, StepPlan, make_plan
 
 log = logging.getLogger("comfyui_accel")
 
@@ -42,6 +46,7 @@ class DeepCacheConfig:
     start_percent: float = 0.0
     end_percent: float = 1.0
     schedule: str = "uniform"
+    threshold: float = DEFAULT_THRESHOLD  # adaptive only: the change of the signal under which a step reuses
     owner: str | None = None  # who applied it (the web UI's node id), named in its run reports; changes nothing
 
     def __post_init__(self):
@@ -51,6 +56,11 @@ class DeepCacheConfig:
             raise ValueError("cache depth must be 0 or more")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}")
+        self.policy()  # a bad threshold fails here, when the node runs, not in the middle of sampling
+
+    def policy(self) -> AdaptivePolicy:
+        """Adaptive mode's rule: the threshold, and at most interval - 1 reused steps in a row."""
+        return AdaptivePolicy(threshold=self.threshold, max_reused=self.interval - 1)
 
 
 @dataclass
@@ -58,6 +68,8 @@ class _Entry:
     step: int
     signature: tuple
     h: object  # the deep feature of one cond chunk
+    reference: object = None  # adaptive: the signal of this chunk at `step` (adaptive.py)
+    reused: set = field(default_factory=set)  # adaptive: the steps that reused this entry
 
 
 @dataclass
@@ -72,23 +84,40 @@ class RunState:
     full_calls: int = 0
     shallow_calls: int = 0
     fallback_calls: int = 0  # planned shallow, but no matching feature: ran full
+    partial_calls: int = 0  # adaptive, transformer: calls in which some cond chunks reused and others ran
     reused_steps: set = field(default_factory=set)
     flops: float = 0.0  # estimated FLOPs of all UNet calls of the run, had they all been full
     skipped_flops: float = 0.0  # the part of it that shallow calls skipped
     estimates: dict = field(default_factory=dict)  # (H, W, context tokens) -> (full, shallow) FLOPs per sample
     dit_skipped_share: float | None = None  # a DiT's: the share of a full call that its spans hold (fixed)
 
-    def lookup(self, keys, step: int, signature: tuple):
-        """The cached deep feature for every chunk of this call, or None. A feature is valid if it was computed
-        at this step's source full step or later (a fallback full step refreshes it), and for the same shape."""
-        source = self.plan.source(step)
+    def entries(self, keys, step: int, signature: tuple) -> list[_Entry] | None:
+        """The cached entry of every chunk of this call, or None. An entry is valid if it was computed at this
+        step's source full step or later (a fallback full step refreshes it), and for the same shape; in adaptive
+        mode, at any earlier full step of this run (the signal decides whether it is still close enough)."""
+        source = 0 if self.plan.adaptive else self.plan.source(step)
         found = []
         for key in keys:
             entry = self.features.get(key)
             if entry is None or source is None or not source <= entry.step <= step or entry.signature != signature:
                 return None
-            found.append(entry.h)
+            found.append(entry)
         return found
+
+    def lookup(self, keys, step: int, signature: tuple):
+        """The cached deep feature for every chunk of this call, or None (see `entries`)."""
+        found = self.entries(keys, step, signature)
+        return None if found is None else [entry.h for entry in found]
+
+    def adaptive_call(self, entries: list[_Entry], step: int) -> AdaptiveCall:
+        """Adaptive mode's decision for a call whose chunks all have entries (made later, from the signal)."""
+        return AdaptiveCall(policy=self.config.policy(), references=[e.reference for e in entries],
+                            reused_in_row=[len(e.reused - {step}) for e in entries])
+
+    def mark_reused(self, keys, step: int, which=None) -> None:
+        for i, key in enumerate(keys):
+            if which is None or which[i]:
+                self.features[key].reused.add(step)
 
     def locate(self, transformer_options: dict, x: torch.Tensor) -> tuple:
         """This model call's step (from its sigma, in the run's plan), its cond-chunk keys (chunk_keys) and the
@@ -103,13 +132,17 @@ class RunState:
         for key in keys or ():
             self.features.pop(key, None)
 
-    def store(self, keys, step: int, signature: tuple, h) -> None:
+    def store(self, keys, step: int, signature: tuple, h, signal=None) -> None:
+        references = signal.chunk(len(keys)) if signal is not None else [None] * len(keys)
         for i, chunk in enumerate(h.chunk(len(keys))):
-            self.features[keys[i]] = _Entry(step, signature, chunk)
+            self.features[keys[i]] = _Entry(step, signature, chunk, references[i])
 
-    def store_parts(self, keys, step: int, signature: tuple, parts: list) -> None:
-        for key, part in zip(keys, parts):
-            self.features[key] = _Entry(step, signature, part)
+    def store_parts(self, keys, step: int, signature: tuple, parts: list, signal=None, skip=None) -> None:
+        """One entry per chunk from a call's parts; `skip` flags chunks that keep their entry (they reused)."""
+        references = signal.chunk(len(keys)) if signal is not None else [None] * len(keys)
+        for i, (key, part) in enumerate(zip(keys, parts)):
+            if not (skip and skip[i]):
+                self.features[key] = _Entry(step, signature, part, references[i])
 
     def account_dit(self, batch: int, shallow: bool) -> None:
         """A DiT call's compute, in units of one sample's full call (the spans' share is fixed by the model)."""
@@ -142,10 +175,12 @@ class RunState:
             "status": status, "steps": self.plan.steps, "planned_shallow_steps": self.plan.shallow_steps,
             "reused_steps": len(self.reused_steps), "full_calls": self.full_calls,
             "shallow_calls": self.shallow_calls, "fallback_calls": self.fallback_calls,
+            "partial_calls": self.partial_calls,
             "shallow_share": shallow_share,
             "compute_skipped": round(self.skipped_flops / self.flops, 4) if self.flops else None,
             "estimate": estimate,
             "interval": self.config.interval, "depth": self.depth, "schedule": self.config.schedule,
+            "threshold": self.config.threshold if self.plan.adaptive else None,
             "node": self.config.owner,
         }
 
@@ -207,7 +242,8 @@ def report_run(report: dict) -> None:
     log.info("[Accel] DeepCache: deep features reused on %d of %d steps (%d shallow model calls, %d full%s); "
              "%s of the model's compute skipped (estimate; the shallow path is %s of a full call). Run %s.",
              report["reused_steps"], report["steps"], report["shallow_calls"], report["full_calls"],
-             f", {report['fallback_calls']} full for lack of a matching feature" if report["fallback_calls"] else "",
+             (f", {report['fallback_calls']} full for lack of a matching feature" if report["fallback_calls"] else "")
+             + (f", {report['partial_calls']} with only some cond chunks reused" if report["partial_calls"] else ""),
              f"about {100 * skipped:.0f}%" if skipped is not None else "an unknown share",
              f"{100 * share:.1f}%" if share is not None else "unknown", report["status"])
 
@@ -236,7 +272,14 @@ class DiffusionModelWrapper:
 
         if keys and run.plan.is_shallow(step):
             cached = run.lookup(keys, step, signature)
-            if cached is not None:
+            decided_full = False
+            if cached is not None and run.plan.adaptive:
+                # The UNet's signal is its input latent, the same for every chunk of a step (adaptive.py).
+                decision = run.adaptive_call(run.entries(keys, step, signature), step)
+                decided_full = not all(decision.decide(x))
+            if cached is not None and not decided_full:
+                if run.plan.adaptive:
+                    run.mark_reused(keys, step)
                 capture.armed = False  # installed only so blocks see the same patch structure as on full steps
                 deep_h = cached[0] if len(cached) == 1 else torch.cat(cached)
                 with unet_paths.capture_installed(transformer_options, capture):
@@ -245,13 +288,14 @@ class DiffusionModelWrapper:
                 run.reused_steps.add(step)
                 run.account(unet, x, context, shallow=True)
                 return out
-            run.fallback_calls += 1
+            if not decided_full:
+                run.fallback_calls += 1
 
         capture.armed = bool(keys) and step is not None and run.plan.cache_needed_after(step)
         with unet_paths.capture_installed(transformer_options, capture):
             out = executor(*args, **kwargs)
         if capture.armed and capture.h is not None:
-            run.store(keys, step, signature, capture.h)
+            run.store(keys, step, signature, capture.h, x.clone() if run.plan.adaptive else None)
         else:  # no later step reads these chunks' features: free them now rather than at the end of the run
             run.forget(keys)
         run.full_calls += 1
@@ -289,27 +333,38 @@ class DiTApplyModelWrapper:
         control = args[4] if len(args) > 4 else kwargs.get("control")
         planned_shallow = bool(keys) and run.plan.is_shallow(step) and control is None
         if planned_shallow:
-            cached = run.lookup(keys, step, signature)
-            if cached is not None:
-                call.residuals = dit_paths.join_residuals(cached)
-        if not call.residuals:
-            call.capture = bool(keys) and step is not None and run.plan.cache_needed_after(step)
+            entries = run.entries(keys, step, signature)
+            if entries is not None:
+                call.residuals = dit_paths.join_residuals([e.h for e in entries])
+                if run.plan.adaptive:  # decided in the block loop, from the first span's input
+                    call.adaptive = run.adaptive_call(entries, step)
+        if not call.residuals or call.adaptive is not None:
+            call.capture = bool(keys) and step is not None and (run.plan.cache_needed_after(step)
+                                                                 or call.adaptive is not None)
         transformer_options[dit_paths.CALL_KEY] = call  # this call's own options (a copy per model call)
         try:
             out = executor(*args, **kwargs)
         finally:
             transformer_options.pop(dit_paths.CALL_KEY, None)
         if call.reusing and not call.ran_spans:  # every span served from its residual
+            if call.adaptive is not None:
+                run.mark_reused(keys, step)
             run.shallow_calls += 1
             run.reused_steps.add(step)
             run.account_dit(x.shape[0], shallow=True)
             return out
-        if planned_shallow:
+        reused = call.adaptive.reuse if call.adaptive is not None and call.adaptive.mixed else None
+        if planned_shallow and (call.adaptive is None or call.reusing or call.adaptive.reuse is None):
             run.fallback_calls += 1  # no matching residuals, or a span ran after all
         run.full_calls += 1
         run.account_dit(x.shape[0], shallow=False)
-        if call.capture and call.residuals:
-            run.store_parts(keys, step, signature, dit_paths.split_residuals(call.residuals, len(keys)))
+        if call.capture and call.captured:
+            # Chunks that reused in a call where others did not keep their entry, as they would alone.
+            run.store_parts(keys, step, signature, dit_paths.split_residuals(call.captured, len(keys)),
+                            call.signal if run.plan.adaptive else None, skip=reused)
+            if reused:
+                run.mark_reused(keys, step, reused)
+                run.partial_calls += 1
         else:  # no later step reads these chunks' residuals: free them now
             run.forget(keys)
         return out
@@ -326,6 +381,13 @@ def apply(model_patcher, config: DeepCacheConfig):
         return None, None, (f"{type(diffusion_model).__name__} is neither a ComfyUI UNetModel nor a transformer "
                             "DeepCache knows (" + ", ".join(dit_paths.BLOCK_LISTS) + ")")
     return _apply_unet(model_patcher, diffusion_model, config)
+
+
+def schedule_text(config: DeepCacheConfig) -> str:
+    if config.schedule == ADAPTIVE:
+        return (f"adaptive schedule (threshold {config.threshold:g}, at most {config.interval - 1} reused steps in "
+                f"a row, runs under {ADAPTIVE_MIN_STEPS} steps left alone)")
+    return f"{config.schedule} schedule"
 
 
 def _with_wrappers(model_patcher, outer, inner, inner_type: str):
@@ -365,7 +427,7 @@ def _apply_dit(model_patcher, diffusion_model, config: DeepCacheConfig):
                                           span.patch_name, block)
     skipped = ", ".join(f"{s.patch_name}s {s.first}-{s.last}" for s in spans)
     message = (f"{name}: interval {config.interval}, reused steps skip {skipped} (about "
-               f"{100 * (share or 0):.0f}% of a call), {config.schedule} schedule")
+               f"{100 * (share or 0):.0f}% of a call), {schedule_text(config)}")
     if config.start_percent >= config.end_percent and config.interval > 1:
         message += " (start_percent >= end_percent: no step may reuse features, every step runs in full)"
     return clone, config.depth, message
@@ -376,7 +438,7 @@ def _apply_unet(model_patcher, diffusion_model, config: DeepCacheConfig):
 
     branches = unet_paths.branch_count(diffusion_model)
     depth = min(config.depth, branches - 1)
-    message = f"interval {config.interval}, branch {depth} of 0..{branches - 1}, {config.schedule} schedule"
+    message = f"interval {config.interval}, branch {depth} of 0..{branches - 1}, {schedule_text(config)}"
     if depth != config.depth:
         message += f" (cache depth {config.depth} is beyond this UNet's deepest branch {branches - 1})"
     if config.start_percent >= config.end_percent and config.interval > 1:

@@ -1,14 +1,20 @@
-"""Which steps of a sampling run compute the whole UNet ("full") and which reuse the deep features ("shallow").
+"""Which steps of a sampling run compute the whole model ("full") and which reuse the deep features ("shallow").
 
 Pure Python over the run's sigma schedule, decided before the first step: nothing here runs inside a model
-call, so the decision can never end up inside a compiled graph.
+call, so the decision can never end up inside a compiled graph. The uniform and non-uniform schedules fix every
+step here; the adaptive one fixes the steps that must be full and leaves the others to adaptive.py, which
+decides each of them in its step from what the model computes.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-SCHEDULES = ("uniform", "non-uniform")
+SCHEDULES = ("uniform", "non-uniform", "adaptive")
+ADAPTIVE = "adaptive"
+# Adaptive mode leaves runs this short alone: few-step (distilled) models change a lot at every step, and one
+# reused step is a large share of their compute and of their picture. The fixed schedules do as the user set.
+ADAPTIVE_MIN_STEPS = 9
 
 # Non-uniform spacing as in the DeepCache paper's SD example (50 steps, center 15, power 1.4): full steps are
 # densest around 30 % of the caching window, where the paper measures the deep features changing fastest,
@@ -22,7 +28,8 @@ class StepPlan:
     """The plan for one run: `full[i]` for step i, and `source[i]`, the full step whose features step i reuses."""
 
     sigmas: tuple[float, ...]  # the sigma each step evaluates the model at (the schedule without its last entry)
-    full: tuple[bool, ...]
+    full: tuple[bool, ...]  # adaptive: the steps that must be full; the others are decided in their step
+    adaptive: bool = False
 
     @property
     def steps(self) -> int:
@@ -83,13 +90,20 @@ def make_plan(schedule_sigmas, interval: int, schedule: str, start_sigma: float,
     Caching is allowed on steps whose sigma lies in (end_sigma, start_sigma] (ComfyUI's start/end percent,
     converted by the model's own model_sampling). Inside that window the first step is full and then one in
     `interval` steps is full (uniform), or the same number of full steps is spread non-uniformly. Steps
-    outside the window are full.
+    outside the window are full. Adaptive: the window's first step and the run's last step are full, and so
+    is every step of a run shorter than ADAPTIVE_MIN_STEPS; each other step of the window may reuse.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     sigmas = tuple(float(s) for s in schedule_sigmas)[:-1]
     full = [True] * len(sigmas)
     window = [i for i, s in enumerate(sigmas) if end_sigma < s <= start_sigma]
+    if schedule == ADAPTIVE:
+        if interval > 1 and len(sigmas) >= ADAPTIVE_MIN_STEPS:
+            for i in window[1:]:
+                full[i] = False
+            full[-1] = True
+        return StepPlan(sigmas=sigmas, full=tuple(full), adaptive=True)
     if interval > 1 and window:
         # The window is contiguous for any monotone schedule; take its span so a stray repeated sigma cannot split it.
         first, length = window[0], window[-1] - window[0] + 1
