@@ -1,19 +1,17 @@
 """DeepCache on transformer models (accel/deepcache/dit_paths.py): on a reused step the middle blocks' cached
 residual replaces their work, and only the first and last blocks run.
 
-Flux (with ACCEL_ALL_FAMILIES=1) and HunyuanVideo (double- and single-stream lists) are the project's generated
-files through ComfyUI's UNETLoader; SD3 and Wan 2.1 are the same generated families with 4 blocks instead of 2 (a middle to skip), loaded
-from their state dicts by ComfyUI's own diffusion-model loader (detection picks the family's class). Sampling is
-ComfyUI's own, with conditioning tensors of the family's widths, at cfg 2 so that cond and uncond both run.
-The adaptive mode also runs on Flux and Qwen-Image built from ComfyUI's own classes at two heads (NARROW: the
-generated files are 3072 wide, Qwen-Image's with one block). Not covered here: Chroma (one block per list),
-LTX-Video (2 blocks).
+HunyuanVideo (double- and single-stream lists) is the project's generated file through ComfyUI's UNETLoader; SD3
+and Wan 2.1 are the same generated families with 4 blocks instead of 2 (a middle to skip), loaded from their state
+dicts by ComfyUI's own diffusion-model loader (detection picks the family's class); Flux and Qwen-Image are built
+from ComfyUI's own classes at two heads of 128 (NARROW: the generated files are 3072 wide, as detection pins them,
+and Qwen-Image's has one block). Sampling is ComfyUI's own, with conditioning tensors of the family's widths, at
+cfg 2 so that cond and uncond both run. Not covered here: Chroma (one block per list), LTX-Video (2 blocks).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import pytest
 import torch
@@ -23,7 +21,7 @@ from deepcache_runs import deepcache, split_cond_uncond
 from tools import family_models
 
 CFG = 2.0  # cond and uncond: two chunks per call
-STEPS = {"flux": 4}  # interval 3 reuses steps 1 and 2 (the tiny Flux is 3072 wide: CI's time); others 6: 1, 2, 4, 5
+STEPS = {}  # steps per family, 6 unless named: interval 3 reuses steps 1, 2, 4 and 5
 
 
 def deeper(name: str, **config) -> family_models.Family:
@@ -49,24 +47,21 @@ def narrow_model(family: family_models.Family, seed: int = 7):
     """A ModelPatcher of the family's class and config, as ComfyUI's loader builds one, with seeded weights."""
     import comfy.model_management
     import comfy.model_patcher
-
     import comfy.supported_models
 
-    weights = family_models.fill_family(family_models.build_model(family.detected, family.unet_config).diffusion_model,
-                                        seed)
-
-    config = getattr(comfy.supported_models, family.detected)(dict(family.unet_config))
+    unet_config = dict(family.unet_config)
+    if family.detected == "Flux":
+        unet_config = family_models.flux_config_for_this_comfyui(unet_config)
+    config = getattr(comfy.supported_models, family.detected)(unet_config)
     config.set_inference_dtype(torch.float32, None)
+    weights = family_models.fill_family(config.get_model({}, device="meta").diffusion_model, seed)
     model = config.get_model({}, device="cpu")
     model.diffusion_model.load_state_dict(weights)
     return comfy.model_patcher.ModelPatcher(model, load_device=comfy.model_management.get_torch_device(),
                                             offload_device=comfy.model_management.unet_offload_device())
-# The tiny Flux is 3072 wide (a 2 GB file, seconds a step): CI leaves it to HunyuanVideo, which has Flux's two
-# block lists and the same replace patches; ACCEL_ALL_FAMILIES=1 runs it too.
-FLUX = pytest.param("flux", marks=pytest.mark.skipif(
-    os.environ.get("ACCEL_ALL_FAMILIES") != "1",
-    reason="CI's time: HunyuanVideo covers Flux's block lists; ACCEL_ALL_FAMILIES=1 runs Flux too"))
-CASES = ("hunyuan_video", "sd3", "wan21")
+
+
+CASES = ("flux", "qwen_image", "hunyuan_video", "sd3", "wan21")
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +111,7 @@ def bigger(name: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-@pytest.mark.parametrize("name", [FLUX, *CASES])
+@pytest.mark.parametrize("name", CASES)
 def test_dit_deepcache_reuses_the_middle_blocks_and_interval_1_changes_nothing(accel_pack, models, name):
     model = models[name]
     eager = run(model, name)

@@ -106,6 +106,19 @@ FLUX_BENCH = Family("flux-bench", "Flux", dict(FLUX_BASE, image_model="flux", ou
                                                 guidance_embed=True, depth=2, depth_single_blocks=4), wide=True)
 
 
+def flux_config_for_this_comfyui(unet_config: dict) -> dict:
+    """A Flux-class config that is not read back by detection (a width detection would not give), with the fields
+    this ComfyUI's FluxParams requires beyond 0.3.75's, at the values its detection gives a Flux file (ComfyUI
+    0.33 added `txt_ids_dims`, [] for Flux)."""
+    import dataclasses
+
+    import comfy.ldm.flux.model
+
+    required = {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    return {**({"txt_ids_dims": []} if "txt_ids_dims" in required else {}), **unet_config}
+
+
 def build_model(config_name: str, unet_config: dict):
     """The family's ComfyUI model (model_base.*), on the meta device: key names and shapes, no memory."""
     import torch
