@@ -271,28 +271,12 @@ def main() -> None:
     pack = load_pack()
     import comfy.model_patcher
     import torch
-    from deepcache_quality import digits, psnr, save_grid, to_features
-    from safetensors.torch import load_file, save_file
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import train_test_split
+    from deepcache_quality import digit_classifier, psnr, save_grid, to_features, trained_weights
 
-    if args.train or not args.weights.exists():
-        print(f"== training the digits Flux ({args.train_steps} steps, batch {args.batch})", flush=True)
-        start = time.perf_counter()
-        weights = train(args.train_steps, args.batch)
-        args.weights.parent.mkdir(parents=True, exist_ok=True)
-        save_file(weights, str(args.weights), metadata={"config": json.dumps(DIGITS_FLUX),
-                                                        "train_steps": str(args.train_steps), "batch": str(args.batch)})
-        print(f"   wrote {args.weights} ({args.weights.stat().st_size / 2**20:.1f} MiB) in "
-              f"{time.perf_counter() - start:.0f} s", flush=True)
-    model, conditioning = build(load_file(str(args.weights)))
+    model, conditioning = build(trained_weights(args, train, DIGITS_FLUX, "Flux"))
     patcher = comfy.model_patcher.ModelPatcher(model, torch.device("cpu"), torch.device("cpu"))
     parameters = sum(p.numel() for p in model.diffusion_model.parameters())
-
-    _, _, features, targets = digits()
-    x_train, x_test, y_train, y_test = train_test_split(features, targets, test_size=0.25, random_state=0)
-    classifier = LogisticRegression(max_iter=5000).fit(x_train, y_train)
-    real_accuracy = classifier.score(x_test, y_test)
+    classifier, real_accuracy = digit_classifier()
     print(f"== {parameters / 1e6:.2f} M parameters; classifier accuracy on held-out real digits: {real_accuracy:.3f}",
           flush=True)
 

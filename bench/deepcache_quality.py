@@ -181,6 +181,33 @@ def psnr(a, b) -> float:
     return float(sum(10 * math.log10(1.0 / m) if m > 0 else float("inf") for m in mse.tolist()) / len(mse))
 
 
+def trained_weights(args, train_fn, config: dict, name: str) -> dict:
+    """The weights at `args.weights`, trained first (`train_fn(steps, batch)`) when asked or missing."""
+    from safetensors.torch import load_file, save_file
+
+    if args.train or not args.weights.exists():
+        print(f"== training the digits {name} ({args.train_steps} steps, batch {args.batch})", flush=True)
+        start = time.perf_counter()
+        weights = train_fn(args.train_steps, args.batch)
+        args.weights.parent.mkdir(parents=True, exist_ok=True)
+        save_file(weights, str(args.weights), metadata={"config": json.dumps(config),
+                                                        "train_steps": str(args.train_steps), "batch": str(args.batch)})
+        print(f"   wrote {args.weights} ({args.weights.stat().st_size / 2**20:.1f} MiB) in "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
+    return load_file(str(args.weights))
+
+
+def digit_classifier():
+    """Logistic regression on the data set's training split, and its accuracy on the held-out real digits."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import train_test_split
+
+    _, _, features, targets = digits()
+    x_train, x_test, y_train, y_test = train_test_split(features, targets, test_size=0.25, random_state=0)
+    classifier = LogisticRegression(max_iter=5000).fit(x_train, y_train)
+    return classifier, classifier.score(x_test, y_test)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", action="store_true", help="train again even if the weights exist")
@@ -207,28 +234,12 @@ def main() -> None:
     pack = load_pack()
     import comfy.model_patcher
     import torch
-    from safetensors.torch import load_file, save_file
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import train_test_split
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.train or not args.weights.exists():
-        print(f"== training the digits UNet ({args.train_steps} steps, batch {args.batch})", flush=True)
-        start = time.perf_counter()
-        weights = train(args.train_steps, args.batch)
-        args.weights.parent.mkdir(parents=True, exist_ok=True)
-        save_file(weights, str(args.weights), metadata={"config": json.dumps(DIGITS_UNET),
-                                                        "train_steps": str(args.train_steps), "batch": str(args.batch)})
-        print(f"   wrote {args.weights} ({args.weights.stat().st_size / 2**20:.1f} MiB) in "
-              f"{time.perf_counter() - start:.0f} s", flush=True)
-    model, tokens = build(load_file(str(args.weights)))
+    model, tokens = build(trained_weights(args, train, DIGITS_UNET, "UNet"))
     patcher = comfy.model_patcher.ModelPatcher(model, torch.device("cpu"), torch.device("cpu"))
-
-    _, _, features, targets = digits()
-    x_train, x_test, y_train, y_test = train_test_split(features, targets, test_size=0.25, random_state=0)
-    classifier = LogisticRegression(max_iter=5000).fit(x_train, y_train)
-    real_accuracy = classifier.score(x_test, y_test)
+    classifier, real_accuracy = digit_classifier()
     print(f"== classifier accuracy on held-out real digits: {real_accuracy:.3f}", flush=True)
 
     rows, reference, generated = {}, None, {}
