@@ -440,3 +440,14 @@ def test_with_compile_model_no_recompiles_after_the_first_run(pack, unet, order)
     assert counters["frames"]["ok"] == after_first, "DeepCache made Compile Model recompile after the first run"
     assert served()[0] > hits and served()[1] == eager_calls, "the blocks did not run compiled on every path"
     assert torch.isfinite(second).all()
+
+    # The adaptive schedule, in the same order: its decision is plain Python before each UNet call, and its full
+    # and shallow paths call the blocks compiled above; nothing compiles.
+    def adaptive(m):
+        return pack.nodes.deepcache.DeepCache().apply(m, 3, 1, 0.0, 1.0, "adaptive", 0.3)[0]
+
+    adaptive_model = adaptive(compiled(unet)) if order == "compile_then_deepcache" else compiled(adaptive(unet))
+    with torch.compiler.set_stance("fail_on_recompile"):
+        out = sample(adaptive_model, size=RUN_A["size"], steps=12, seed=0)
+    assert last_run_report(pack)["reused_steps"] > 0 and torch.isfinite(out).all()
+    assert counters["frames"]["ok"] == after_first, "the adaptive schedule made Compile Model compile"
