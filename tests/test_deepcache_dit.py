@@ -21,7 +21,8 @@ from deepcache_runs import deepcache, split_cond_uncond
 from tools import family_models
 
 CFG = 2.0  # cond and uncond: two chunks per call
-STEPS = {}  # steps per family, 6 unless named: interval 3 reuses steps 1, 2, 4 and 5
+STEPS = 6  # interval 3 reuses steps 1, 2, 4 and 5
+REUSED = STEPS - math.ceil(STEPS / 3)  # all steps but one in three, from the first
 
 
 def deeper(name: str, **config) -> family_models.Family:
@@ -83,18 +84,9 @@ def models(comfy_nodes):
     return Loaded()
 
 
-def steps_of(name: str) -> int:
-    return STEPS.get(name, 6)
-
-
-def reused_of(name: str) -> int:
-    """Steps interval 3 reuses: all but one in three, from the first."""
-    return steps_of(name) - math.ceil(steps_of(name) / 3)
-
-
 def run(model, name: str, seed: int = 0, latent_shape=None):
     family = families.BY_FAMILY[name]
-    return families.sample(model, family, steps=steps_of(name), seed=seed, cfg=CFG, latent_shape=latent_shape)
+    return families.sample(model, family, steps=STEPS, seed=seed, cfg=CFG, latent_shape=latent_shape)
 
 
 def last_report(pack) -> dict:
@@ -118,8 +110,8 @@ def test_dit_deepcache_reuses_the_middle_blocks_and_interval_1_changes_nothing(a
     assert torch.equal(run(deepcache(accel_pack, model, 1, 0), name), eager), "interval 1 changed the output"
     cached = run(deepcache(accel_pack, model, 3, 0), name)
     report = last_report(accel_pack)
-    assert report["status"] == "completed" and report["reused_steps"] == reused_of(name), report
-    assert report["shallow_calls"] == reused_of(name) and report["fallback_calls"] == 0, report
+    assert report["status"] == "completed" and report["reused_steps"] == REUSED, report
+    assert report["shallow_calls"] == REUSED and report["fallback_calls"] == 0, report
     assert 0 < report["compute_skipped"] < 1 and 0 < report["shallow_share"] < 1, report
     assert torch.isfinite(cached).all() and not torch.equal(cached, eager), "nothing was reused"
     error = ((cached - eager).abs().max() / eager.abs().max()).item()
@@ -134,38 +126,9 @@ def test_dit_deepcache_leaks_nothing_between_runs(accel_pack, models, name):
     first = run(model, name, seed=3)
     other = run(split_cond_uncond(model), name, seed=4, latent_shape=bigger(name))
     report = last_report(accel_pack)
-    assert report["reused_steps"] == reused_of(name) and report["shallow_calls"] == 2 * reused_of(name), report
+    assert report["reused_steps"] == REUSED and report["shallow_calls"] == 2 * REUSED, report
     assert torch.isfinite(other).all()
     assert torch.equal(run(model, name, seed=3), first), "run A changed after run B"
-
-
-def test_dit_deepcache_with_compile_model_recompiles_nothing_after_the_first_run(accel_pack, models):
-    """Compile Model's compiled blocks serve DeepCache's full steps and the live blocks of its reused ones, in
-    either node order, with the uniform schedule and the adaptive one (its decision is plain Python in the block
-    loop, between compiled blocks); after the first run nothing compiles again (Dynamo's own counter)."""
-    from torch._dynamo.utils import counters
-
-    name, model = "wan21", models["wan21"]
-    compile_node = accel_pack.nodes.compile_model.CompileModel()
-
-    def compiled(m):
-        return compile_node.apply(m, "default", "auto", "auto", "always compiled")[0]
-
-    uniform = (lambda m: deepcache(accel_pack, m, 3, 0), lambda m, seed=0: run(m, name, seed=seed))
-    adaptive_mode = (lambda m: adaptive(accel_pack, m, threshold=0.3),
-                     lambda m, seed=0: run_adaptive(m, name, seed=seed, steps=10))
-    for cache, sample_run in (uniform, adaptive_mode):
-        reference = sample_run(cache(model))
-        reused = last_report(accel_pack)["reused_steps"]
-        assert reused > 0
-        for build in (lambda: cache(compiled(model)), lambda: compiled(cache(model))):
-            out = sample_run(build())
-            assert last_report(accel_pack)["reused_steps"] == reused
-            torch.testing.assert_close(out, reference, rtol=1e-3, atol=1e-3)
-            frames = counters["frames"]["ok"]
-            with torch.compiler.set_stance("fail_on_recompile"):
-                sample_run(build(), seed=5)
-            assert counters["frames"]["ok"] == frames, "DeepCache made Compile Model recompile after the first run"
 
 
 def test_another_nodes_block_patch_keeps_working_under_deepcache(accel_pack, models):
@@ -268,3 +231,33 @@ def test_a_call_where_only_some_chunks_reuse_gives_each_what_it_gets_alone(accel
                          steps=10)
     assert last_report(accel_pack)["partial_calls"] == 0  # one chunk per call: each call reuses or runs
     torch.testing.assert_close(split, batched, rtol=0, atol=1e-5 * batched.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ADAPTIVE_CASES)
+def test_dit_deepcache_with_compile_model_recompiles_nothing_after_the_first_run(accel_pack, models, name):
+    """Compile Model's compiled blocks serve DeepCache's full steps and the live blocks of its reused ones, in
+    either node order, with the uniform schedule and the adaptive one (its decision is plain Python in the block
+    loop, between compiled blocks); after the first run nothing compiles again (Dynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    model = models[name]
+    compile_node = accel_pack.nodes.compile_model.CompileModel()
+
+    def compiled(m):
+        return compile_node.apply(m, "default", "auto", "auto", "always compiled")[0]
+
+    uniform = (lambda m: deepcache(accel_pack, m, 3, 0), lambda m, seed=0: run(m, name, seed=seed))
+    adaptive_mode = (lambda m: adaptive(accel_pack, m, threshold=0.3),
+                     lambda m, seed=0: run_adaptive(m, name, seed=seed, steps=10))
+    for cache, sample_run in (uniform, adaptive_mode):
+        reference = sample_run(cache(model))
+        reused = last_report(accel_pack)["reused_steps"]
+        assert reused > 0
+        for build in (lambda: cache(compiled(model)), lambda: compiled(cache(model))):
+            out = sample_run(build())
+            assert last_report(accel_pack)["reused_steps"] == reused
+            torch.testing.assert_close(out, reference, rtol=1e-3, atol=1e-3)
+            frames = counters["frames"]["ok"]
+            with torch.compiler.set_stance("fail_on_recompile"):
+                sample_run(build(), seed=5)
+            assert counters["frames"]["ok"] == frames, "DeepCache made Compile Model recompile after the first run"
