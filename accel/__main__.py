@@ -5,9 +5,12 @@
     python -m accel cache export FILE      # one file: copy it into an image, or to another machine
     python -m accel cache import FILE      # same GPU and torch: what does not match is skipped, with the reason
     python -m accel cache clear
+    python -m accel cache clear --remote   # this environment's entries in the store ACCEL_REMOTE_CACHE names
 
 ComfyUI is found from --comfyui, else $COMFYUI_DIR, else the ComfyUI this pack is installed in. The cache is
-the one the nodes use: $ACCEL_CACHE_DIR, else accel_cache/ in ComfyUI's directory.
+the one the nodes use: $ACCEL_CACHE_DIR, else accel_cache/ in ComfyUI's directory. With ACCEL_REMOTE_CACHE (and
+ACCEL_REMOTE_CACHE_KEY) set, precompile publishes to that store too, and `cache info` shows what it holds for
+this machine's environment.
 """
 from __future__ import annotations
 
@@ -50,6 +53,8 @@ def parser() -> argparse.ArgumentParser:
     cache = commands.add_parser("cache", help="inspect, export, import or clear the compile cache")
     cache.add_argument("action", choices=("info", "export", "import", "clear"))
     cache.add_argument("file", nargs="?", type=Path, help="the file to export to or import from")
+    cache.add_argument("--remote", action="store_true",
+                       help="clear: remove this environment's entries from the remote store instead of the directory")
     return top
 
 
@@ -93,7 +98,7 @@ def run(args) -> int:
     if args.action in ("export", "import") and args.file is None:
         raise PrecompileError(f"cache {args.action} needs a FILE argument")
     if args.action == "info":
-        print(json.dumps(disk_info(root), indent=1))
+        print(json.dumps({**disk_info(root), "remote": remote_info()}, indent=1))
     elif args.action == "export":
         if not root.is_dir():
             raise PrecompileError(f"there is no compile cache at {root} yet; run a workflow or precompile first")
@@ -106,10 +111,56 @@ def run(args) -> int:
         device_types = ("cuda", "cpu") if torch.cuda.is_available() else ("cpu",)
         for line in import_cache(root, args.file, device_types):
             print(line)
+    elif args.action == "clear" and args.remote:
+        for line in clear_remote():
+            print(line)
     elif args.action == "clear":
         shutil.rmtree(root, ignore_errors=True)
         print(f"removed {root}")
     return 0
+
+
+def this_machines_environments() -> list[str]:
+    """The environment ids this machine compiles for: its GPU's, if it has one, and its CPU's."""
+    import torch
+
+    from .cache.location import environment_id, fingerprint
+
+    device_types = ("cuda", "cpu") if torch.cuda.is_available() else ("cpu",)
+    return [environment_id(fingerprint(device_type)) for device_type in device_types]
+
+
+def _store():
+    from .cache.remote import KEY_ENV, URL_ENV, remote_store
+    from .precompile import PrecompileError
+
+    store = remote_store()
+    if store is None:
+        raise PrecompileError(f"no usable remote store: set {URL_ENV} (redis://host:port/db) and {KEY_ENV} (the "
+                              "fleet's shared secret); a warning above says what was wrong, if one was set")
+    return store
+
+
+def remote_info() -> list[dict] | None:
+    from .cache.remote import URL_ENV
+
+    if not os.environ.get(URL_ENV):
+        return None
+    store = _store()
+    return [store.info(env_id) for env_id in this_machines_environments()]
+
+
+def clear_remote() -> list[str]:
+    from .precompile import PrecompileError
+
+    store = _store()
+    lines = []
+    for env_id in this_machines_environments():
+        removed = store.clear(env_id)
+        if removed < 0:
+            raise PrecompileError(f"the remote store {store.url} failed: {store.describe()['problem']}")
+        lines.append(f"removed {removed} entries of environment {env_id} from {store.url}")
+    return lines
 
 
 if __name__ == "__main__":

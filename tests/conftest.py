@@ -69,13 +69,15 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 
 
 # CI's two test processes each take whole files (pyproject: --dist loadfile, --no-loadscope-reorder), in the order
-# collected: the longest files go first (seconds measured here, 2026-11-23, longest first), so neither process
-# ends on a long file while the other idles, and the files that compile the same models cold (SD1.5, Flux) run
-# apart, the later one loading the earlier one's graphs from the run's cache. Files not named follow.
+# collected: the longest files go first (seconds measured here, 2026-11-23, longest first; test_remote_cache.py
+# placed by the run of 2026-11-24, where both processes then end within seconds of each other in a simulation of
+# the schedule), so neither process ends on a long file while the other idles, and the files that compile the
+# same models cold (SD1.5, Flux) run apart, the later one loading the earlier one's graphs from the run's cache.
+# Files not named follow.
 LONGEST_FIRST = ("test_compile_model.py", "test_compile_families.py", "test_compile_video_families.py",
                  "test_web_ui.py", "test_compile_cache.py", "test_soak.py", "test_cache_faults.py",
                  "test_swap_weights.py", "test_deepcache.py", "test_compile_flux.py", "test_faults.py",
-                 "test_server_families.py", "test_deepcache_dit.py")
+                 "test_remote_cache.py", "test_server_families.py", "test_deepcache_dit.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

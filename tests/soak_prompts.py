@@ -27,6 +27,7 @@ class Prompt:
     swap: bool = False  # Swap Weights to the second checkpoint of the same architecture
     compiled: bool = False  # Compile Model (at its defaults unless the next two say otherwise)
     choose: str = "auto"
+    dynamic: str = "auto"  # Compile Model's dynamic input: each value is a compile key of its own
     background: bool = True
     advanced: bool = False  # KSamplerAdvanced instead of KSampler
     seed: int = 7
@@ -73,7 +74,7 @@ def graph_of(prompt: Prompt, prefix: str) -> dict:
         model = ["20", 0]
     if prompt.compiled:
         graph["21"] = {"class_type": "AccelCompileModel", "inputs": {
-            "model": model, "mode": "default", "dynamic": "auto", "scope": "auto", "choose": prompt.choose,
+            "model": model, "mode": "default", "dynamic": prompt.dynamic, "scope": "auto", "choose": prompt.choose,
             "background": prompt.background}}
         model = ["21", 0]
     if prompt.swap:

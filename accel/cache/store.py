@@ -9,6 +9,9 @@ Layout, one directory per environment (see location.py):
     <root>/<env id>/artifacts/<key>/last_used
     <root>/<env id>/auto_call_shares.json each block kind's share of a UNet call (compile/saved_shares.py)
 
+With ACCEL_REMOTE_CACHE set, a compile key's artifacts are also published to a shared store, and fetched from
+it (verified) into `artifacts/` when this directory lacks them (remote.py): the directory stays the first level.
+
 Torch is pointed at `inductor/` only for the length of the pack's own compiled calls (TORCHINDUCTOR_CACHE_DIR,
 restored afterwards), so compiles made by anything else in the process keep torch's default. The artifacts are
 what export/import moves between machines and what rebuilds `inductor/` after an eviction; each file carries a
@@ -22,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -31,6 +35,7 @@ from typing import Iterator
 
 from ..env_settings import env_float
 from .location import cache_root, environment_id, fingerprint
+from .remote import remote_store
 from .trust import FIX, first_untrusted, make_private_dirs, untrusted
 
 log = logging.getLogger("comfyui_accel")
@@ -38,6 +43,7 @@ log = logging.getLogger("comfyui_accel")
 MAX_SIZE_ENV = "ACCEL_CACHE_MAX_GB"
 DEFAULT_MAX_GB = 10.0
 MAGIC = b"ACCEL-MEGA-CACHE 1\n"
+ARTIFACT_NAME = re.compile(r"[0-9a-f]{20}\.bin")  # what _save names a file
 SHARES_FILE = "auto_call_shares.json"
 EVICT_EVERY_S = 30.0  # sizing a cache walks its files: at most this often per process
 NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -145,10 +151,12 @@ class EnvironmentCache:
         self.usable: bool | None = None  # checked at first use
         self.problem = ""
         self._loaded: set[str] = set()
+        self._asked_remote: set[str] = set()  # compile keys looked up in the remote store by this process
         self._lock = threading.RLock()
         self._last_evict = 0.0
         self.stats = {"artifacts_loaded": 0, "artifacts_saved": 0, "artifacts_skipped_corrupt": 0,
-                      "artifacts_skipped_untrusted": 0, "evicted": 0, "torch_files_set_aside": 0}
+                      "artifacts_skipped_untrusted": 0, "evicted": 0, "torch_files_set_aside": 0,
+                      "artifacts_from_remote": 0}
 
     # -- the scope of one compiled call ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -234,8 +242,33 @@ class EnvironmentCache:
                     "compiles. `python -m accel cache clear` starts the cache afresh.", self.inductor_dir, label, why)
 
     def has_artifacts(self, ident: str) -> bool:
-        """Whether compile key `ident` has saved artifacts here (from this machine, precompile or an import)."""
+        """Whether compile key `ident` has saved artifacts here (from this machine, precompile, an import, or the
+        remote store, which is asked once per process when there are none)."""
+        if any((self.artifacts_dir / ident).glob("*.bin")):
+            return True
+        self._fill_from_remote(ident)
         return any((self.artifacts_dir / ident).glob("*.bin"))
+
+    def _fill_from_remote(self, ident: str) -> None:
+        """Once per process and key: the remote store's verified artifacts of `ident` that this directory lacks
+        are written into it (the store's own checks are in remote.py; a file is then loaded as a local one)."""
+        remote = remote_store()
+        with self._lock:
+            if remote is None or ident in self._asked_remote or not self.check_usable():
+                return
+            self._asked_remote.add(ident)
+        key_dir = self.artifacts_dir / ident
+        have = {path.name for path in key_dir.glob("*.bin")}
+        for name, data in remote.fetch(self.env_id, ident, have).items():
+            if not ARTIFACT_NAME.fullmatch(name):  # signed, but never a path out of the key's folder
+                continue
+            try:
+                write_atomic(key_dir / name, data)
+            except OSError as err:
+                log.warning("[Accel] compile cache: could not write %s from the remote store (%s); it is compiled "
+                            "here instead.", key_dir / name, err)
+                return
+            self.stats["artifacts_from_remote"] += 1
 
     # -- artifacts ------------------------------------------------------------------------------------
     def _load(self, ident: str) -> None:
@@ -247,6 +280,7 @@ class EnvironmentCache:
             if ident in self._loaded:
                 return
             self._loaded.add(ident)
+            self._fill_from_remote(ident)
             key_dir = self.artifacts_dir / ident
             why = untrusted(key_dir, directory=True)
             if why:
@@ -291,14 +325,18 @@ class EnvironmentCache:
             keys = sorted(f"{kind}:{key}" for kind, keys in info.artifacts.items() for key in keys)
             name = hashlib.sha256(repr(keys).encode()).hexdigest()[:20] + ".bin"
             key_dir = self.artifacts_dir / ident
+            data = pack_artifact(payload, label)
             if not (key_dir / name).exists():
-                write_atomic(key_dir / name, pack_artifact(payload, label))
+                write_atomic(key_dir / name, data)
                 self.stats["artifacts_saved"] += 1
             _touch(key_dir / "last_used")
         except OSError as err:
             log.warning("[Accel] compile cache: could not save the artifacts of %s (%s); the next process will "
                         "compile it again.", label, err)
             return
+        remote = remote_store()
+        if remote is not None:  # also what was here already: a cache older than the store fills it too
+            remote.publish(self.env_id, self.fingerprint, ident, name, data, label)
         self.evict_if_needed()
 
     # -- size cap ---------------------------------------------------------------------------------------
@@ -336,8 +374,10 @@ class EnvironmentCache:
 
     def describe(self) -> dict:
         keys = [p for p in self.artifacts_dir.glob("*") if p.is_dir()] if self.artifacts_dir.is_dir() else []
+        remote = remote_store()
         return {"dir": str(self.dir), "env_id": self.env_id, "fingerprint": self.fingerprint,
-                "writable": self.usable, "problem": self.problem, "keys": len(keys), **self.stats}
+                "writable": self.usable, "problem": self.problem, "keys": len(keys), **self.stats,
+                "remote": None if remote is None else remote.describe()}
 
 
 def _touch(path: Path) -> None:

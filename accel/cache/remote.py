@@ -1,0 +1,265 @@
+"""The compile cache of a fleet: every worker publishes what it compiles to one Redis and looks there before it
+compiles (ACCEL_REMOTE_CACHE=redis://[:password@]host:port/db, or rediss:// for TLS).
+
+The local directory (store.py) stays the first level: a compile key's artifacts found in the store are written
+into it and then loaded as any local artifact, so torch's own caches hit there. A store that is down, slow or
+refuses costs one warning and the local path: the store is left alone for RETRY_AFTER_S, and each call on it is
+bounded by short socket timeouts.
+
+What the store holds is what torch runs, so reads trust nothing they cannot check. ACCEL_REMOTE_CACHE_KEY is a
+secret shared by the workers that may publish; every artifact's manifest entry carries an HMAC over the
+environment, compile key, file name and the file's SHA-256 under that secret, and a read loads a file only when
+the HMAC and the file's own hash both match. Without the secret the store is not used at all.
+
+Keys, all under `accel:1:<environment id>:` (location.environment_id: torch, Python, device, GPU, driver, CPU
+model), so a worker with another torch or GPU misses cleanly:
+
+    fingerprint       the environment's fingerprint, as JSON (`cache info`)
+    keys              the set of compile key ids with artifacts
+    art:<key id>      hash: artifact file name -> the file's bytes (store.pack_artifact's format)
+    man:<key id>      hash: artifact file name -> {"sha256", "size", "label", "mac"} as JSON
+    shares            hash: block kind id -> {"share", "mac"} as JSON (auto mode's measured shares)
+
+torch's own Redis caches (fx_graph_remote_cache and the like) are deliberately left off: their reads check no
+signature, so anyone who can write to the store could run code in every worker. The pack's artifacts are torch's
+Mega-Cache, which carries the same FX graph, AOTAutograd and autotuning entries.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import threading
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+log = logging.getLogger("comfyui_accel")
+
+URL_ENV = "ACCEL_REMOTE_CACHE"
+KEY_ENV = "ACCEL_REMOTE_CACHE_KEY"
+PREFIX = "accel:1"
+RETRY_AFTER_S = 60.0  # after a failure the store is left alone this long: one warning per outage, not per call
+CONNECT_TIMEOUT_S = 1.0
+IO_TIMEOUT_S = 5.0  # an artifact is megabytes: a read of one may take a moment on a busy network
+MIN_KEY_CHARS = 16
+
+
+class RemoteStore:
+    """One Redis holding the artifacts of every environment; each call names its environment."""
+
+    def __init__(self, url: str, secret: bytes, client):
+        self.url = redacted(url)
+        self._secret = secret
+        self._redis = client
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._refused: set[tuple[str, str, str]] = set()  # (environment, key, name): replaced when compiled here
+        self._problem = ""
+        self.stats = {"remote_fetched": 0, "remote_published": 0, "remote_refused": 0, "remote_errors": 0,
+                      "remote_shares_fetched": 0}
+
+    # -- artifacts ------------------------------------------------------------------------------------
+    def fetch(self, env_id: str, ident: str, have: set[str]) -> dict[str, bytes]:
+        """The verified artifact files of compile key `ident` that are not in `have`: name -> the file's bytes.
+        A file whose signature or hash does not match is left out, with a warning."""
+        manifest = self._call("read the manifest", lambda: self._redis.hgetall(self._key(env_id, "man", ident)))
+        wanted = {name.decode(): entry for name, entry in (manifest or {}).items() if name.decode() not in have}
+        if not wanted:
+            return {}
+        blobs = self._call("read artifacts", lambda: self._redis.hmget(self._key(env_id, "art", ident), list(wanted)))
+        found = {}
+        for (name, entry), data in zip(wanted.items(), blobs or []):
+            why = self._refusal(env_id, ident, name, entry, data)
+            if why:
+                self._refused.add((env_id, ident, name))
+                self.stats["remote_refused"] += 1
+                log.warning("[Accel] remote compile cache %s: refusing artifact %s of key %s (%s). It is not loaded; "
+                            "this worker compiles instead. Only workers with the same %s may publish.", self.url,
+                            name, ident, why, KEY_ENV)
+                continue
+            found[name] = data
+        self.stats["remote_fetched"] += len(found)
+        return found
+
+    def publish(self, env_id: str, fingerprint: dict, ident: str, name: str, data: bytes, label: str) -> bool:
+        """Add one artifact file of compile key `ident`, signed; False (with the one warning) when the store
+        failed. A file the store already holds under this name is left as it is, unless this worker refused it:
+        then this worker's own compile replaces it, so the fleet stops compiling it again."""
+        def write():
+            refused = (env_id, ident, name) in self._refused
+            if not refused and self._redis.hexists(self._key(env_id, "man", ident), name):
+                return False
+            digest = hashlib.sha256(data).hexdigest()
+            entry = {"sha256": digest, "size": len(data), "label": label,
+                     "mac": self._mac(env_id, "artifact", ident, name, digest, str(len(data)))}
+            pipe = self._redis.pipeline()  # one MULTI: readers see the file and its manifest entry, or neither
+            pipe.hset(self._key(env_id, "art", ident), name, data)
+            pipe.hset(self._key(env_id, "man", ident), name, json.dumps(entry))
+            pipe.sadd(self._key(env_id, "keys"), ident)
+            pipe.set(self._key(env_id, "fingerprint"), json.dumps(fingerprint, sort_keys=True))
+            pipe.execute()
+            return True
+
+        published = self._call("publish an artifact", write)
+        if published:
+            self.stats["remote_published"] += 1
+        return bool(published)
+
+    def has(self, env_id: str, ident: str) -> bool:
+        return bool(self._call("look up a compile key", lambda: self._redis.sismember(self._key(env_id, "keys"),
+                                                                                         ident)))
+
+    # -- auto mode's block shares -------------------------------------------------------------------------
+    def shares(self, env_id: str) -> dict[str, float]:
+        found = self._call("read block shares", lambda: self._redis.hgetall(self._key(env_id, "shares"))) or {}
+        out = {}
+        for kind_id, raw in found.items():
+            kind_id = kind_id.decode()
+            try:
+                entry = json.loads(raw)
+                share = float(entry["share"])
+                good = hmac.compare_digest(entry["mac"], self._mac(env_id, "share", kind_id, repr(share)))
+            except (ValueError, KeyError, TypeError):
+                good = False
+            if good and 0.0 <= share <= 1.0:
+                out[kind_id] = share
+            else:
+                self.stats["remote_refused"] += 1
+                log.warning("[Accel] remote compile cache %s: refusing the block share of %s (bad signature); it is "
+                            "measured here instead.", self.url, kind_id)
+        self.stats["remote_shares_fetched"] += len(out)
+        return out
+
+    def publish_shares(self, env_id: str, shares: dict[str, float]) -> None:
+        entries = {}
+        for kind_id, share in shares.items():
+            share = float(share)
+            entries[kind_id] = json.dumps({"share": share, "mac": self._mac(env_id, "share", kind_id, repr(share))})
+        if entries:
+            self._call("publish block shares", lambda: self._redis.hset(self._key(env_id, "shares"), mapping=entries))
+
+    # -- the command line -----------------------------------------------------------------------------
+    def info(self, env_id: str) -> dict:
+        """What the store holds for this environment (`python -m accel cache info`)."""
+        def read():
+            idents = sorted(i.decode() for i in self._redis.smembers(self._key(env_id, "keys")))
+            files = sizes = 0
+            for ident in idents:
+                lengths = self._redis.hvals(self._key(env_id, "man", ident))
+                files += len(lengths)
+                sizes += sum(json.loads(entry).get("size", 0) for entry in lengths)
+            return {"keys": len(idents), "artifacts": files, "megabytes": round(sizes / 2**20, 1),
+                    "shares": self._redis.hlen(self._key(env_id, "shares"))}
+
+        return {"url": self.url, "env_id": env_id, **(self._call("read what it holds", read, quiet=True) or
+                                                       {"problem": self._problem})}
+
+    def clear(self, env_id: str) -> int:
+        """Delete this environment's entries (`cache clear --remote`); other environments' stay. The number of
+        Redis keys removed; -1 when the store failed."""
+        def delete():
+            names = list(self._redis.scan_iter(match=self._key(env_id, "*"), count=500))
+            return self._redis.delete(*names) if names else 0
+
+        removed = self._call("clear this environment", delete, quiet=True)
+        return -1 if removed is None else int(removed)
+
+    def describe(self) -> dict:
+        return {"url": self.url, "available": time.monotonic() >= self._down_until, "problem": self._problem,
+                **self.stats}
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _key(self, env_id: str, *parts: str) -> str:
+        return ":".join((PREFIX, env_id, *parts))
+
+    def _mac(self, env_id: str, *parts: str) -> str:
+        message = "\n".join((PREFIX, env_id, *parts)).encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def _refusal(self, env_id: str, ident: str, name: str, raw_entry: bytes, data: bytes | None) -> str:
+        """Why the file `data` under manifest entry `raw_entry` must not be loaded; "" when it may."""
+        if data is None:
+            return "the manifest names a file the store does not hold"
+        try:
+            entry = json.loads(raw_entry)
+            digest, size, mac = entry["sha256"], int(entry["size"]), entry["mac"]
+        except (ValueError, KeyError, TypeError):
+            return "its manifest entry is unreadable"
+        if not hmac.compare_digest(str(mac), self._mac(env_id, "artifact", ident, name, str(digest), str(size))):
+            return f"its manifest entry is not signed with this worker's {KEY_ENV}"
+        if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+            return "the file does not match its signed hash: changed or truncated in the store"
+        return ""
+
+    def _call(self, what: str, action, quiet: bool = False):
+        """`action()`, or None when the store is resting after a failure or fails now (warned once per outage)."""
+        if time.monotonic() < self._down_until:
+            return None
+        try:
+            return action()
+        except Exception as err:  # redis' errors, timeouts, refused connections: the local path goes on
+            with self._lock:
+                self.stats["remote_errors"] += 1
+                self._problem = f"{type(err).__name__}: {err}"
+                warn = time.monotonic() >= self._down_until
+                self._down_until = time.monotonic() + RETRY_AFTER_S
+            if warn and not quiet:
+                log.warning("[Accel] remote compile cache %s: could not %s (%s). This worker goes on with its local "
+                            "cache and compiles what it lacks; the store is tried again in %.0f s.", self.url, what,
+                            self._problem, RETRY_AFTER_S)
+            return None
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs and stats."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))
+
+
+_lock = threading.Lock()
+_stores: dict[tuple[str, str], RemoteStore | None] = {}
+
+
+def remote_store() -> RemoteStore | None:
+    """The store ACCEL_REMOTE_CACHE names, or None: not set, or unusable (said once, with the fix)."""
+    url = os.environ.get(URL_ENV, "").strip()
+    if not url:
+        return None
+    secret = os.environ.get(KEY_ENV, "")
+    with _lock:
+        if (url, secret) not in _stores:
+            _stores[(url, secret)] = _open(url, secret)
+        return _stores[(url, secret)]
+
+
+def _open(url: str, secret: str) -> RemoteStore | None:
+    shown = redacted(url)
+    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        log.warning("[Accel] %s=%s is not a Redis URL; the remote compile cache is off. Use redis://host:port/db "
+                    "(rediss:// for TLS, redis://:password@host:port/db with a password).", URL_ENV, shown)
+        return None
+    if len(secret) < MIN_KEY_CHARS:
+        log.warning("[Accel] %s is set but %s is %s: the remote compile cache is off, because the store holds code "
+                    "that workers run and only signed artifacts may be loaded. Set %s to the same secret of at least "
+                    "%d characters on every worker that may publish (for example the output of `openssl rand -hex "
+                    "32`).", URL_ENV, KEY_ENV, "missing" if not secret else "too short", KEY_ENV, MIN_KEY_CHARS)
+        return None
+    try:
+        import redis
+    except ImportError:
+        log.warning("[Accel] %s is set but the Python package redis is not installed in ComfyUI's environment: the "
+                    "remote compile cache is off. Install it with `pip install redis`.", URL_ENV)
+        return None
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=IO_TIMEOUT_S)
+    except ValueError as err:
+        log.warning("[Accel] %s=%s cannot be used (%s); the remote compile cache is off.", URL_ENV, shown, err)
+        return None
+    log.info("[Accel] remote compile cache: %s", shown)
+    return RemoteStore(url, secret.encode(), client)
