@@ -104,11 +104,6 @@ class RunState:
             found.append(entry)
         return found
 
-    def lookup(self, keys, step: int, signature: tuple):
-        """The cached deep feature for every chunk of this call, or None (see `entries`)."""
-        found = self.entries(keys, step, signature)
-        return None if found is None else [entry.h for entry in found]
-
     def adaptive_call(self, entries: list[_Entry], step: int) -> AdaptiveCall:
         """Adaptive mode's decision for a call whose chunks all have entries (made later, from the signal)."""
         return AdaptiveCall(policy=self.config.policy(), references=[e.reference for e in entries],
@@ -271,17 +266,16 @@ class DiffusionModelWrapper:
         capture = unet_paths.DeepFeatureCapture(len(unet.output_blocks) - 1 - self.depth)
 
         if keys and run.plan.is_shallow(step):
-            cached = run.lookup(keys, step, signature)
+            entries = run.entries(keys, step, signature)
             decided_full = False
-            if cached is not None and run.plan.adaptive:
+            if entries is not None and run.plan.adaptive:
                 # The UNet's signal is its input latent, the same for every chunk of a step (adaptive.py).
-                decision = run.adaptive_call(run.entries(keys, step, signature), step)
-                decided_full = not all(decision.decide(x))
-            if cached is not None and not decided_full:
+                decided_full = not all(run.adaptive_call(entries, step).decide(x))
+            if entries is not None and not decided_full:
                 if run.plan.adaptive:
                     run.mark_reused(keys, step)
                 capture.armed = False  # installed only so blocks see the same patch structure as on full steps
-                deep_h = cached[0] if len(cached) == 1 else torch.cat(cached)
+                deep_h = entries[0].h if len(entries) == 1 else torch.cat([entry.h for entry in entries])
                 with unet_paths.capture_installed(transformer_options, capture):
                     out = unet_paths.shallow_forward(unet, self.depth, deep_h, *args, **kwargs)
                 run.shallow_calls += 1
