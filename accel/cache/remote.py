@@ -107,10 +107,6 @@ class RemoteStore:
             self.stats["remote_published"] += 1
         return bool(published)
 
-    def has(self, env_id: str, ident: str) -> bool:
-        return bool(self._call("look up a compile key", lambda: self._redis.sismember(self._key(env_id, "keys"),
-                                                                                         ident)))
-
     # -- auto mode's block shares -------------------------------------------------------------------------
     def shares(self, env_id: str) -> dict[str, float]:
         found = self._call("read block shares", lambda: self._redis.hgetall(self._key(env_id, "shares"))) or {}
@@ -147,9 +143,9 @@ class RemoteStore:
             idents = sorted(i.decode() for i in self._redis.smembers(self._key(env_id, "keys")))
             files = sizes = 0
             for ident in idents:
-                lengths = self._redis.hvals(self._key(env_id, "man", ident))
-                files += len(lengths)
-                sizes += sum(json.loads(entry).get("size", 0) for entry in lengths)
+                entries = self._redis.hvals(self._key(env_id, "man", ident))
+                files += len(entries)
+                sizes += sum(json.loads(entry).get("size", 0) for entry in entries)
             return {"keys": len(idents), "artifacts": files, "megabytes": round(sizes / 2**20, 1),
                     "shares": self._redis.hlen(self._key(env_id, "shares"))}
 
