@@ -25,6 +25,7 @@ bench: models
 	$(VENV_PY) bench/report.py
 
 bench-quick: setup
+	$(VENV_PY) tools/make_models.py --set quick
 	$(VENV_PY) bench/report.py --quick
 
 clean:

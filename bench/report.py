@@ -7,11 +7,16 @@ pack's persistent cache in a temporary directory): the cold first prompt, the ba
 state, Swap Weights. Then a second fresh process on the same caches times the first prompt of a warm restart.
 The report (REPORT.md with PNG charts) puts each scenario against eager ComfyUI of the same run.
 
-    .venv/bin/python bench/report.py [--quick] [--out DIR] [--scenarios a,sd15:b] [--families sd15,flux]
+    .venv/bin/python bench/report.py [--quick] [--out DIR] [--scenarios a,sd15:b] [--families sd15,flux] [--update]
+
+--update runs only --families and keeps the other models' tables from the report already in DIR (same machine
+and versions): each model's table stays one run, and the report says which run (its date and length).
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import sys
 import tempfile
@@ -24,7 +29,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from fresh_process import run_result_process  # noqa: E402
 from report_output import write_report  # noqa: E402
-from scenarios import BY_NAME, SCENARIOS, models  # noqa: E402
+from scenarios import BY_NAME, SCENARIOS, BenchModel, models  # noqa: E402
 
 CHILD = Path(__file__).resolve().parent / "report_child.py"
 
@@ -64,6 +69,8 @@ def main() -> None:
     parser.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS),
                         help="names from bench/scenarios.py; FAMILY:NAME runs one on that family only")
     parser.add_argument("--families", default="sd15,flux")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other models' tables of the report in --out (same machine and versions)")
     args = parser.parse_args()
     out = Path(args.out or (ROOT / "bench" / "results" / "quick" if args.quick else ROOT / "docs" / "benchmarks"))
     wanted: dict[str, set[str]] = {"eager": set()}
@@ -74,12 +81,18 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown scenario {', '.join(unknown)}; pick from {', '.join(s.name for s in SCENARIOS)}")
     bench_models = {f: m for f, m in models(args.quick).items() if f in args.families.split(",")}
-    runs, skipped = [], []
-    start = time.perf_counter()
+    missing = missing_model_files(bench_models)
+    if missing:  # found before an hour of runs, not at the scenario that needs the file
+        parser.error(f"model files missing from ComfyUI's diffusion_models folder: {', '.join(missing)}; write "
+                     f"them with `{'make bench-quick' if args.quick else 'make models'}` (tools/make_models.py)")
+    kept = kept_families(out, set(bench_models), args.quick) if args.update else None
+    runs, skipped, measured = [], [], {}
     with tempfile.TemporaryDirectory(prefix="accel-report-") as tmp:
         outputs = Path(tmp) / "outputs"
         outputs.mkdir()
         for family in bench_models:
+            start = time.perf_counter()
+            read_into_page_cache(bench_models[family])
             asked = [s for s in SCENARIOS if wanted.get(s.name, set()) & {"*", family}]
             skipped += [{"family": family, "scenario": s.name, "why": s.why_not}
                         for s in asked if family not in s.families]
@@ -97,9 +110,60 @@ def main() -> None:
                 print(f"{family:>5} {scenario.name:<18} first prompt {cold['first_prompt_s']:7.2f} s, warm "
                       f"restart {warm['first_prompt_s']:7.2f} s, steady {cold['steady_s_per_step']:.3f} s/step",
                       flush=True)
-    report = write_report(out, runs, skipped, bench_models, quick=args.quick,
-                          wall_s=time.perf_counter() - start)
+            measured[family] = {"date": datetime.date.today().isoformat(), "wall_s": time.perf_counter() - start,
+                                "files_read_first": True}
+    total_s = sum(m["wall_s"] for m in measured.values())
+    for record in measured.values():  # one run of these models: its whole length
+        record.update(wall_s=total_s, models=sorted(measured))
+    if kept:
+        order = list(models(args.quick))  # the report's tables in the usual order, kept or new
+        runs = sorted(kept["runs"] + runs, key=lambda r: order.index(r["family"]))
+        skipped = sorted(kept["skipped"] + skipped, key=lambda s: order.index(s["family"]))
+        measured = {**kept["measured"], **measured}
+        bench_models = {f: m for f, m in models(args.quick).items() if f in measured}
+    report = write_report(out, runs, skipped, bench_models, quick=args.quick, measured=measured)
     print(f"wrote {report}")
+
+
+def model_folder() -> Path:
+    from tools.comfy_env import comfyui_dir
+
+    return comfyui_dir() / "models" / "diffusion_models"
+
+
+def missing_model_files(bench_models: dict) -> list[str]:
+    return [name for m in bench_models.values() for name in (m.file, m.swap_file)
+            if not (model_folder() / name).exists()]
+
+
+def read_into_page_cache(bench: BenchModel) -> None:
+    """Every scenario's first prompt reads the model file from the OS page cache, as a server's would after its
+    first load: otherwise the first scenario (eager) alone reads it from disk (the 2.6 GB benchmark Flux took
+    15.6 s against 8.6 s from the cache, 2026-11-24), and every ratio against it would flatter the pack."""
+    for name in (bench.file, bench.swap_file):
+        with open(model_folder() / name, "rb") as handle:
+            while handle.read(64 << 20):
+                pass
+
+
+def kept_families(out: Path, rerun: set[str], quick: bool) -> dict:
+    """The runs of the report in `out` for the models not run again (--update), with when they were measured.
+    Refuses a report of another machine or versions, or of the other model sizes (quick or full): its tables
+    would not compare with the new ones."""
+    from report_output import family_measured, machine
+
+    path = out / "report.json"
+    if not path.exists():
+        sys.exit(f"--update: no report.json in {out} to keep tables from; run without --update")
+    data = json.loads(path.read_text())
+    differs = {k: (data.get(k), v) for k, v in {**machine(), "quick": quick}.items() if data.get(k) != v}
+    if differs:
+        sys.exit(f"--update: the report in {out} was measured elsewhere ({differs}); run every model without "
+                 "--update")
+    families = {r["family"] for r in data["runs"]} - rerun
+    return {"runs": [r for r in data["runs"] if r["family"] in families],
+            "skipped": [s for s in data["skipped"] if s["family"] in families],
+            "measured": {f: family_measured(data, f) for f in families}}
 
 
 if __name__ == "__main__":

@@ -114,12 +114,17 @@ def wait_for_background(pack) -> dict | None:
 
 
 def kind_paths(pack) -> dict | None:
-    """Which of the pack's compiled kinds run compiled, and which auto mode kept eager (a steady speed of a
-    model whose kinds all run eagerly is no compile gain). None when the scenario compiles nothing."""
-    kinds = pack.accel.compile.REGISTRY.stats()["kinds"]
+    """Which of the pack's compiled kinds auto mode chose compiled per kind and which it kept eager, and its
+    whole-call verdicts (a model whose calls were not faster with the compiled blocks runs eagerly whatever its
+    kinds chose): a steady speed of a model that runs eagerly is no compile gain. None when the scenario
+    compiles nothing."""
+    stats = pack.accel.compile.REGISTRY.stats()
+    kinds = stats["kinds"]
     if not kinds:
         return None
-    return {path: sorted({k["kind"] for k in kinds if k["path"] == path}) for path in ("compiled", "eager")}
+    paths = {path: sorted({k["kind"] for k in kinds if k["path"] == path}) for path in ("compiled", "eager")}
+    paths["verdicts"] = sorted({check["verdict"] for check in stats["whole_call_checks"].values()})
+    return paths
 
 
 def run(scenario_name: str, family: str, phase: str, outputs: Path, quick: bool) -> dict:
@@ -184,11 +189,18 @@ def swap(prompt: Prompt, bench: BenchModel, pack) -> dict:
     in this process."""
     import nodes
 
+    # The node as a workflow runs it (UNETLoader -> Compile Model -> Swap Weights): from the prompt it finds the
+    # loader's file, so the model's own weights can be re-read from it instead of spilled to disk.
+    workflow = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": bench.file, "weight_dtype": "default"}},
+                "2": {"class_type": "AccelCompileModel", "inputs": {"model": ["1", 0]}},
+                "3": {"class_type": "AccelSwapWeights", "inputs": {"model": ["2", 0], "weights_file": bench.swap_file}}}
     before = frames()
     start = time.perf_counter()
-    swapped = pack.NODE_CLASS_MAPPINGS["AccelSwapWeights"]().apply(prompt.model, bench.swap_file)[0]
+    swapped = pack.NODE_CLASS_MAPPINGS["AccelSwapWeights"]().apply(prompt.model, bench.swap_file, prompt=workflow,
+                                                                   unique_id="3")[0]
     after_swap = prompt.run(swapped)
-    result = {"swap_prompt_s": time.perf_counter() - start, "swap_recompiles": frames() - before}
+    result = {"swap_prompt_s": time.perf_counter() - start, "swap_recompiles": frames() - before,
+              "swap_in_workflow": True}
     eager_b = nodes.UNETLoader().load_unet(bench.swap_file, "default")[0]
     reference = prompt.run(eager_b)["samples"]
     error = (after_swap["samples"] - reference).abs().max() / reference.abs().max()

@@ -122,6 +122,21 @@ def quality_chart(path: Path, runs: list[dict], titles: dict[str, str]) -> None:
     plt.close(fig)
 
 
+def _steady_paths(paths: dict) -> str:
+    """How the compiled model ran in the steady state: its kinds' paths, and auto mode's whole-call verdict."""
+    chosen, kept = paths["compiled"], paths["eager"]
+    kinds = (f"auto mode chose {len(chosen)} of {len(chosen) + len(kept)} kinds compiled"
+             + (f", kept {', '.join(kept)} eager" if kept else ""))
+    verdicts = paths.get("verdicts")
+    if verdicts is None:  # runs before 2026-11-24 recorded the kinds' paths only
+        return f"{kinds} (this run did not record the whole-call verdict, which may run the model eagerly)"
+    if not verdicts:  # no whole-call check (Compile VAE alone)
+        return f"in the steady state {kinds}"
+    if verdicts == ["eager"]:
+        return f"in the steady state the model ran eagerly: {kinds}, but whole calls were not clearly faster"
+    return f"in the steady state {kinds}; whole-call verdict: {', '.join(verdicts)}"
+
+
 def _fmt(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -130,26 +145,50 @@ def _psnr(quality: dict) -> str:
     return "equal" if quality.get("image_equal") else _fmt(quality.get("psnr_db"), 1)
 
 
+def family_measured(data: dict, family: str) -> dict:
+    """When a report.json's table of `family` was measured: its date, the run's length and the models in that run
+    (a report written before per-model records: the whole report's)."""
+    if family in data.get("measured", {}):
+        return data["measured"][family]
+    return {"date": data["date"], "wall_s": data["wall_s"], "models": sorted({r["family"] for r in data["runs"]})}
+
+
+def _run_words(measured: dict) -> str:
+    models = "this model only" if len(measured["models"]) == 1 else "these models: " + ", ".join(measured["models"])
+    return f"on {measured['date']}, in a run of {measured['wall_s'] / 60:.1f} minutes ({models})"
+
+
 def markdown(runs: list[dict], skipped: list[dict], bench_models: dict, info: dict, quick: bool,
-             wall_s: float) -> str:
+             measured: dict) -> str:
     command = "make bench-quick" if quick else "make bench"
+    one_run = len({(m["date"], m["wall_s"]) for m in measured.values()}) == 1
+    when = (f"on {next(iter(measured.values()))['date']}, in "
+            f"{next(iter(measured.values()))['wall_s'] / 60:.1f} minutes" if one_run else
+            f"on {info['date']} from more than one run (`--update`): each model's table is one run, named under "
+            "its heading")
     lines = [
         "# ComfyUI-Accel benchmark report", "",
-        f"Written by `{command}` (bench/report.py) on {info['date']}, in {wall_s / 60:.1f} minutes. "
+        f"Written by `{command}` (bench/report.py) {when}. "
         f"Machine: {info['machine']}; Python {info['python']}, torch {info['torch']}, ComfyUI {info['comfyui']}.",
         "",
         "Every scenario ran in a fresh process with empty caches of its own (torch's inductor cache and the pack's "
         "persistent cache), as a newly started ComfyUI server would: the first prompt (load the model file, apply "
         "the scenario's nodes, sample, decode), the background compile if any, then the steady state; a second "
         "fresh process on the same caches timed the first prompt of a warm restart. **All ratios are against eager "
-        "ComfyUI of this same run, one run**: absolute times drift between runs on a shared machine.", "",
+        "ComfyUI of the same model in the same run, one run**: absolute times drift between runs on a shared "
+        "machine.", "",
         f"![first prompt and steady speed]({HEADLINE_CHART})", "",
         f"![quality against speed]({QUALITY_CHART})", "",
     ]
     for family, fruns in _family_runs(runs).items():
         bench = bench_models[family]
-        lines += [f"## {bench.label}", "",
-                  f"`{bench.file}`, latent {bench.latent}x{bench.latent}, {bench.steps} steps, cfg {bench.cfg}, "
+        lines += [f"## {bench.label}", ""]
+        if not one_run:
+            lines += [f"Measured {_run_words(measured[family])}.", ""]
+        if not measured[family].get("files_read_first"):
+            lines += ["Measured before the harness read the model files into the page cache first: eager's first "
+                      "prompt, the first of the run, may include reading the file from disk.", ""]
+        lines += [f"`{bench.file}`, latent {bench.latent}x{bench.latent}, {bench.steps} steps, cfg {bench.cfg}, "
                   f"euler/normal, batch 1{', TAESD decode' if family == 'sd15' else ', no decode'}.", "",
                   "| scenario | first prompt s | x eager | warm restart s | x eager | steady prompt s | s/step "
                   "| speed x eager, same process | x eager's process | compiles (first prompt / all) "
@@ -173,23 +212,26 @@ def markdown(runs: list[dict], skipped: list[dict], bench_models: dict, info: di
                              f"jobs; waiting for it after the first prompt took {b['wait_s']:.1f} s; child peak RSS "
                              f"{b['child_peak_rss_mib']:.0f} MiB.")
             if r.get("kind_paths"):
-                paths = r["kind_paths"]
-                eager = f"; auto mode kept {', '.join(paths['eager'])} eager" if paths["eager"] else ""
-                lines.append(f"- {r['scenario']}: in the steady state {len(paths['compiled'])} of "
-                             f"{len(paths['compiled']) + len(paths['eager'])} kinds ran compiled{eager}. The "
-                             f"prompt that loaded them took {_fmt(r.get('second_prompt_s'))} s.")
+                lines.append(f"- {r['scenario']}: {_steady_paths(r['kind_paths'])}. The prompt that loaded the "
+                             f"compiled kinds took {_fmt(r.get('second_prompt_s'))} s.")
             if "swap_prompt_s" in r:
                 lines.append(f"- Swap Weights to `{bench.swap_file}`: the prompt after the swap took "
                              f"{r['swap_prompt_s']:.2f} s (steady prompt {r['steady_prompt_s']:.2f} s), "
                              f"{r['swap_recompiles']} compiles; largest error against that file run eagerly "
-                             f"{r['swap_max_rel_error_vs_eager']:.1e}.")
+                             f"{r['swap_max_rel_error_vs_eager']:.1e}." + (
+                                 "" if r.get("swap_in_workflow") else
+                                 " (Runs before 2026-11-24 called the node without its workflow: it could not "
+                                 "find the model's own file, so it wrote the model's weights to a spill file "
+                                 "first, the slower path of docs/benchmarks/swap_weights.md.)"))
         lines.append("")
     if skipped:
         lines += ["## Not run", ""] + [f"- {s['scenario']} on {s['family']}: {s['why']}." for s in skipped] + [""]
     lines += [
         "## What the columns mean", "",
         "- *first prompt*: from the prompt's start (loaders) to its decoded output, in a process whose imports are "
-        "done (a server's start). *warm restart*: the same in a new process on the first one's caches.",
+        "done (a server's start); the model file comes from the OS page cache (the harness reads it once before "
+        "the model's first run, so that eager's run alone does not read it from disk; runs before 2026-11-24 say "
+        "so where they did not). *warm restart*: the same in a new process on the first one's caches.",
         "- *steady prompt*: median of the prompts after the one that loads the background child's graphs; "
         "*s/step* its sampling time per step; *speed x eager, same process*: the same workflow without the "
         "scenario's nodes, run right after each steady prompt in the same process, over the scenario's (medians); "
@@ -206,17 +248,19 @@ def markdown(runs: list[dict], skipped: list[dict], bench_models: dict, info: di
 
 
 def write_report(out: Path, runs: list[dict], skipped: list[dict], bench_models: dict, quick: bool,
-                 wall_s: float, info: dict | None = None) -> Path:
+                 measured: dict, info: dict | None = None) -> Path:
+    """`measured`: for each model, when its runs were measured ({"date", "wall_s", "models"}: the date, the
+    length of that run and the models it ran)."""
     out.mkdir(parents=True, exist_ok=True)
     info = info or {**machine(), "date": datetime.date.today().isoformat()}
     runs = with_ratios(runs)
     titles = {family: bench_models[family].label for family in bench_models}
     headline_chart(out / HEADLINE_CHART, runs, titles)
     quality_chart(out / QUALITY_CHART, runs, titles)
-    (out / "report.json").write_text(json.dumps({**info, "quick": quick, "wall_s": wall_s, "runs": runs,
+    (out / "report.json").write_text(json.dumps({**info, "quick": quick, "measured": measured, "runs": runs,
                                                  "skipped": skipped}, indent=2, default=str))
     report = out / "REPORT.md"
-    report.write_text(markdown(runs, skipped, bench_models, info, quick, wall_s))
+    report.write_text(markdown(runs, skipped, bench_models, info, quick, measured))
     return report
 
 
@@ -228,7 +272,8 @@ def rerender(out: Path) -> Path:
     data = json.loads((out / "report.json").read_text())
     info = {k: data[k] for k in ("machine", "python", "torch", "comfyui", "date")}
     bench_models = {f: m for f, m in models(data["quick"]).items() if any(r["family"] == f for r in data["runs"])}
-    return write_report(out, data["runs"], data["skipped"], bench_models, data["quick"], data["wall_s"], info)
+    measured = {f: family_measured(data, f) for f in bench_models}
+    return write_report(out, data["runs"], data["skipped"], bench_models, data["quick"], measured, info)
 
 
 if __name__ == "__main__":  # python bench/report_output.py DIR: re-render DIR's report from its report.json

@@ -1,7 +1,7 @@
-"""Compile Model on Flux (the generated 2 double + 2 single block model, 3072 wide) with what users put around
-it: LoRAs at changing strengths and files, another node's replacement of a DiT block (PuLID-style
-`patches_replace`), and a partially loaded model (ComfyUI's lowvram path). Each output equals eager; nothing
-recompiles per step, strength or file.
+"""Compile Model on Flux (the generated 2 double + 2 single block model, 3072 wide): always compiled, checked as
+every family is (family_compile_checks.py), and with what users put around it: LoRAs at changing strengths and
+files, another node's replacement of a DiT block (PuLID-style `patches_replace`), and a partially loaded model
+(ComfyUI's lowvram path). Each output equals eager; nothing recompiles per step, strength or file.
 """
 from __future__ import annotations
 
@@ -9,15 +9,27 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager, dynamo_frames
-from families import BY_FAMILY, load, sample
+from families import BY_FAMILY, sample
+from family_compile_checks import check_always_compiled, load_and_sample_eagerly
 
 FLUX = BY_FAMILY["flux"]
 LORAS = ("accel-flux-lora.safetensors", "accel-flux-lora-2.safetensors")
 
 
 @pytest.fixture(scope="module")
-def flux(comfy_nodes):
-    return load(comfy_nodes, FLUX)
+def flux_and_eager(comfy_nodes):
+    return load_and_sample_eagerly(comfy_nodes, FLUX)
+
+
+@pytest.fixture(scope="module")
+def flux(flux_and_eager):
+    return flux_and_eager[0]
+
+
+def test_flux_always_compiled_equals_eager_in_one_graph_per_kind(engine, flux_and_eager):
+    """test_compile_families.py's always-compiled checks, on Flux (its defaults: test_server_families.py)."""
+    flux, eager = flux_and_eager
+    check_always_compiled(engine, flux, FLUX, eager)
 
 
 def with_lora(comfy_nodes, model, name: str, strength: float):
@@ -64,6 +76,32 @@ def test_a_replaced_dit_block_runs_correctly_and_never_recompiles(engine, flux):
     assert_close_to_eager(sample(compiled, FLUX, steps=2, seed=1), sample(eager, FLUX, steps=2, seed=1),
                           "replaced block, second sampling")
     assert dynamo_frames() == frames, "a replaced block made Compile Model recompile per step"
+
+
+def test_an_attention_override_runs_those_calls_eagerly_and_correctly(engine, flux):
+    """Another node overrides the attention (ComfyUI's `optimized_attention_override` in transformer_options, as
+    attention-swapping nodes set it). A compiled graph would bake one override in, so the blocks run eagerly
+    while it is set, with the reason in the stats: every step is correct, and nothing compiles per step."""
+    def override(func, *args, **kwargs):
+        return func(*args, **kwargs) * 1.01
+
+    def with_override(model):
+        patched = model.clone()
+        patched.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
+        return patched
+
+    eager = with_override(flux)
+    compiled = with_override(engine.compile_model(flux, engine.CompileOptions(choose="always compiled")))
+    reference = sample(eager, FLUX, steps=2)
+    assert not torch.allclose(reference, sample(flux, FLUX, steps=2)), "the override changed nothing"
+    frames = dynamo_frames()
+    assert_close_to_eager(sample(compiled, FLUX, steps=2), reference, "attention override, first sampling")
+    assert_close_to_eager(sample(compiled, FLUX, steps=2, seed=1), sample(eager, FLUX, steps=2, seed=1),
+                          "attention override, second sampling")
+    assert dynamo_frames() == frames, "an attention override made Compile Model compile"
+    label = f"{type(compiled.model).__name__}@{id(compiled.model):x}"
+    last = engine.REGISTRY.stats()["last_calls"][label]
+    assert last["compiled"] == 0 and last["eager"] == {"another node patched the attention or the UNet": 4}, last
 
 
 def apply_flux(patcher, seed: int = 0):

@@ -4,7 +4,8 @@ The weights are random, but architectures, file formats and key names are the re
 file is loaded back by ComfyUI's own loaders (UNETLoader, CLIPLoader, LoraLoader, VAELoader "taesd").
 
     python tools/make_models.py --set test   # small UNet, LoRAs, CLIP-L, TAESD, one model per family (tests, demo)
-    python tools/make_models.py --set full   # full-size SD1.5 UNets A and B, the benchmark Flux (benchmarks)
+    python tools/make_models.py --set quick  # a second tiny Flux, for Swap Weights in `make bench-quick`
+    python tools/make_models.py --set full   # full-size SD1.5 UNets A and B, the benchmark Flux A and B (benchmarks)
 
 A file that already exists with the same generator version and seed is left as it is.
 """
@@ -20,6 +21,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.comfy_env import import_comfyui  # noqa: E402
+from tools.family_models import BY_NAME as FAMILY_BY_NAME  # noqa: E402
 from tools.family_models import FAMILIES, FLUX_BENCH, dit_lora_state_dict, family_state_dict  # noqa: E402
 
 GENERATOR_VERSION = "1"
@@ -142,6 +144,9 @@ def taesd_part(index: int) -> Callable[[int], dict]:
     return lambda seed: taesd_state_dicts(seed)[index]
 
 
+FLUX_BENCH_B = "accel-tiny-flux-bench-b.safetensors"
+FLUX_QUICK_B = "accel-tiny-flux-b.safetensors"
+
 MODEL_FILES = [
     ModelFile("diffusion_models", "accel-sd15-small.safetensors", 1, lambda s: sd15_unet_state_dict(SD15_SMALL, s), ("test",)),
     ModelFile("diffusion_models", "accel-sd15-small-b.safetensors", 2, lambda s: sd15_unet_state_dict(SD15_SMALL, s), ("test",)),
@@ -158,6 +163,10 @@ MODEL_FILES = [
     ModelFile("diffusion_models", "accel-sd15-a.safetensors", 101, lambda s: sd15_unet_state_dict(SD15_FULL, s), ("full",)),
     ModelFile("diffusion_models", "accel-sd15-b.safetensors", 102, lambda s: sd15_unet_state_dict(SD15_FULL, s), ("full",)),
     ModelFile("diffusion_models", FLUX_BENCH.file_name, 103, lambda s: family_state_dict(FLUX_BENCH, s), ("full",)),
+    # Second files of the benchmark Flux models, for Swap Weights in the report (`make bench`, `make bench-quick`).
+    ModelFile("diffusion_models", FLUX_BENCH_B, 104, lambda s: family_state_dict(FLUX_BENCH, s), ("full",)),
+    ModelFile("diffusion_models", FLUX_QUICK_B, 141, lambda s: family_state_dict(FAMILY_BY_NAME["flux"], s),
+              ("quick",)),
 ]
 
 
@@ -189,7 +198,7 @@ def write_model(path: Path, spec: ModelFile) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Write the generated test and benchmark models.")
-    parser.add_argument("--set", default="test", choices=["test", "full", "all"])
+    parser.add_argument("--set", default="test", choices=["test", "quick", "full", "all"])
     parser.add_argument("--only", help="write only the files whose names contain this text")
     args = parser.parse_args()
     import_comfyui()
