@@ -29,7 +29,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from fresh_process import run_result_process  # noqa: E402
 from report_output import write_report  # noqa: E402
-from scenarios import BY_NAME, SCENARIOS, BenchModel, models  # noqa: E402
+from scenarios import BY_NAME, SCENARIOS, models  # noqa: E402
 
 CHILD = Path(__file__).resolve().parent / "report_child.py"
 
@@ -92,7 +92,7 @@ def main() -> None:
         outputs.mkdir()
         for family in bench_models:
             start = time.perf_counter()
-            read_into_page_cache(bench_models[family])
+            warm_up(family, Path(tmp), args.quick)
             asked = [s for s in SCENARIOS if wanted.get(s.name, set()) & {"*", family}]
             skipped += [{"family": family, "scenario": s.name, "why": s.why_not}
                         for s in asked if family not in s.families]
@@ -111,7 +111,7 @@ def main() -> None:
                       f"restart {warm['first_prompt_s']:7.2f} s, steady {cold['steady_s_per_step']:.3f} s/step",
                       flush=True)
             measured[family] = {"date": datetime.date.today().isoformat(), "wall_s": time.perf_counter() - start,
-                                "files_read_first": True}
+                                "warmed_up": True}
     total_s = sum(m["wall_s"] for m in measured.values())
     for record in measured.values():  # one run of these models: its whole length
         record.update(wall_s=total_s, models=sorted(measured))
@@ -136,14 +136,19 @@ def missing_model_files(bench_models: dict) -> list[str]:
             if not (model_folder() / name).exists()]
 
 
-def read_into_page_cache(bench: BenchModel) -> None:
-    """Every scenario's first prompt reads the model file from the OS page cache, as a server's would after its
-    first load: otherwise the first scenario (eager) alone reads it from disk (the 2.6 GB benchmark Flux took
-    15.6 s against 8.6 s from the cache, 2026-11-24), and every ratio against it would flatter the pack."""
+def warm_up(family: str, tmp: Path, quick: bool) -> None:
+    """Before a model's measured runs: its files are read into the OS page cache, then one unmeasured eager
+    prompt runs in a process of its own, so that the first measured process (eager's, the denominator of every
+    ratio) starts as the later ones do, with the model file and the libraries in the page cache. Without it,
+    eager's first prompt of the benchmark Flux read the file from disk: 15.6 s against 8.6 s (2026-11-24)."""
+    bench = models(quick)[family]
     for name in (bench.file, bench.swap_file):
         with open(model_folder() / name, "rb") as handle:
             while handle.read(64 << 20):
                 pass
+    outputs = tmp / "warm-up"
+    outputs.mkdir(exist_ok=True)
+    run_child("eager", family, "warm", tmp / f"cache-{family}-warm-up", outputs, quick)
 
 
 def kept_families(out: Path, rerun: set[str], quick: bool) -> dict:

@@ -133,7 +133,10 @@ def _steady_paths(paths: dict) -> str:
     if not verdicts:  # no whole-call check (Compile VAE alone)
         return f"in the steady state {kinds}"
     if verdicts == ["eager"]:
-        return f"in the steady state the model ran eagerly: {kinds}, but whole calls were not clearly faster"
+        blocks = [k for k in chosen if ".decode[" not in k and ".encode[" not in k]  # Compile VAE's kinds apart
+        why = ("its whole calls were not clearly faster with the compiled blocks" if blocks
+               else "no block kind was faster compiled")
+        return f"in the steady state the diffusion model ran eagerly ({why}): {kinds}"
     return f"in the steady state {kinds}; whole-call verdict: {', '.join(verdicts)}"
 
 
@@ -185,9 +188,11 @@ def markdown(runs: list[dict], skipped: list[dict], bench_models: dict, info: di
         lines += [f"## {bench.label}", ""]
         if not one_run:
             lines += [f"Measured {_run_words(measured[family])}.", ""]
-        if not measured[family].get("files_read_first"):
-            lines += ["Measured before the harness read the model files into the page cache first: eager's first "
-                      "prompt, the first of the run, may include reading the file from disk.", ""]
+        if not measured[family].get("warmed_up"):
+            lines += ["Measured without the harness's unmeasured eager warm-up process (bench/report.py `warm_up`, "
+                      "since 2026-11-24): eager's first prompt, the first process of the model's runs, may include "
+                      "reading the model file or torch's libraries from disk, which flatters the other scenarios' "
+                      "first-prompt ratios.", ""]
         lines += [f"`{bench.file}`, latent {bench.latent}x{bench.latent}, {bench.steps} steps, cfg {bench.cfg}, "
                   f"euler/normal, batch 1{', TAESD decode' if family == 'sd15' else ', no decode'}.", "",
                   "| scenario | first prompt s | x eager | warm restart s | x eager | steady prompt s | s/step "
@@ -229,9 +234,10 @@ def markdown(runs: list[dict], skipped: list[dict], bench_models: dict, info: di
     lines += [
         "## What the columns mean", "",
         "- *first prompt*: from the prompt's start (loaders) to its decoded output, in a process whose imports are "
-        "done (a server's start); the model file comes from the OS page cache (the harness reads it once before "
-        "the model's first run, so that eager's run alone does not read it from disk; runs before 2026-11-24 say "
-        "so where they did not). *warm restart*: the same in a new process on the first one's caches.",
+        "done (a server's start); the model file and torch's libraries come from the OS page cache (before a "
+        "model's runs the harness reads its files and runs one unmeasured eager prompt, so that eager's run, the "
+        "first, does not alone read them from disk; tables measured without it say so). *warm restart*: the "
+        "same in a new process on the first one's caches.",
         "- *steady prompt*: median of the prompts after the one that loads the background child's graphs; "
         "*s/step* its sampling time per step; *speed x eager, same process*: the same workflow without the "
         "scenario's nodes, run right after each steady prompt in the same process, over the scenario's (medians); "
