@@ -5,8 +5,9 @@ are real images. Never a speed: CI machines differ; the report says what was mea
 CI runs a subset of the scenarios (the whole quick run takes longer than CI's budget allows beside the suite):
 DeepCache on the small SD1.5 UNet, which runs beside eager (every ratio is against eager of the same run), and
 Compile VAE on the tiny Flux, which has no VAE here: it is left out, which the report must say (and no eager runs
-on Flux, with nothing to compare). The compiling scenarios (3 minutes each here, with their background children) are left to
-`make bench-quick`; their rows are in docs/benchmarks/quick/, and the suite tests Compile Model's paths directly.
+on Flux, with nothing to compare). The compiling scenarios (minutes each here, with their background children)
+are left to `make bench-quick`; their rows are in docs/benchmarks/quick/, and the suite tests Compile Model's
+paths directly.
 """
 from __future__ import annotations
 

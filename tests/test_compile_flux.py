@@ -1,7 +1,8 @@
 """Compile Model on Flux (the generated 2 double + 2 single block model, 3072 wide): always compiled, checked as
 every family is (family_compile_checks.py), and with what users put around it: LoRAs at changing strengths and
-files, another node's replacement of a DiT block (PuLID-style `patches_replace`), and a partially loaded model
-(ComfyUI's lowvram path). Each output equals eager; nothing recompiles per step, strength or file.
+files, another node's replacement of a DiT block (PuLID-style `patches_replace`), another node's attention
+override, and a partially loaded model (ComfyUI's lowvram path). Each output equals eager; nothing recompiles per
+step, strength or file.
 """
 from __future__ import annotations
 
