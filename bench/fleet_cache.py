@@ -3,10 +3,12 @@ an empty local compile cache, against one Redis (ACCEL_REMOTE_CACHE), beside the
 
 Each worker is a started ComfyUI server with this pack; its first prompt is the generated SD3 transformer
 (tests/soak_prompts.py, 3 steps; --model sd15: the small SD1.5 UNet at 128 px, 6 steps, several block kinds)
-through Compile Model with choose="always compiled" and the background compile off, so that whatever the worker compiles is in that prompt's path. Per worker: the first prompt's latency (queue
-to done, over HTTP), the compile seconds the pack counted, torch's FX graph cache misses (cold compiles) and the
-artifacts it took from the store. A fresh Redis for each N; the workers run one at a time (started when the one
-before has served its prompt and stopped), as a scale-up would start them.
+through Compile Model with choose="always compiled" and the background compile off, so that whatever the worker
+compiles is in that prompt's path. Per worker: the first prompt's latency (queue to done, over HTTP), the compile
+seconds the pack counted, torch's FX graph cache misses (cold compiles), the artifacts it took from the store, and
+torch's own FX graph and AOTAutograd entries it read from the store (through the verifying endpoint) and published
+there. A fresh Redis for each N; the workers run one at a time (started when the one before has served its prompt
+and stopped), as a scale-up would start them.
 
     python bench/fleet_cache.py [--out docs/benchmarks/fleet_cache.md] [--counts 1,2,4] [--model sd3]
 """
@@ -50,7 +52,9 @@ def first_prompt(base: Path, env: dict, model: str) -> dict:
                 "cold_compiles": stats["totals"]["disk_cache"].get("fx_graph_misses", 0),
                 "fx_graph_hits": stats["totals"]["disk_cache"].get("fx_graph_hits", 0),
                 "artifacts_from_remote": env_stats["artifacts_from_remote"],
-                "published": (env_stats["remote"] or {}).get("remote_published", 0)}
+                "published": (env_stats["remote"] or {}).get("remote_published", 0),
+                "torch_remote_hits": (env_stats["remote"] or {}).get("torch_hits", 0),
+                "torch_published": (env_stats["remote"] or {}).get("torch_published", 0)}
 
 
 def fleet(count: int, store: bool, base: Path, model: str) -> list[dict]:
@@ -103,13 +107,14 @@ def main() -> None:
         "after another; with the store, a fresh Redis per group.",
         "",
         "| workers | store | worker | first prompt (s) | compile s (pack) | cold compiles (FX misses) | "
-        "FX hits | artifacts from store | server start (s) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "FX hits | artifacts from store | torch entries from store / published | server start (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(f"| {r['workers']} | {'Redis' if r['store'] else 'none'} | {r['worker']} | "
                      f"{r['first_prompt_s']:.1f} | {r['compile_seconds']:.1f} | {r['cold_compiles']} | "
-                     f"{r['fx_graph_hits']} | {r['artifacts_from_remote']} | {r['server_start_s']:.1f} |")
+                     f"{r['fx_graph_hits']} | {r['artifacts_from_remote']} | "
+                     f"{r['torch_remote_hits']} / {r['torch_published']} | {r['server_start_s']:.1f} |")
     lines += ["", "Per group, the sum over its workers:", "",
               "| workers | store | first prompts, summed (s) | compile s, summed | cold compiles, summed | "
               "median first prompt after the first worker (s) |", "| --- | --- | --- | --- | --- | --- |"]

@@ -2,18 +2,23 @@
 redis-server on a loopback port (tools/redis_server.py).
 
 Two started ComfyUI servers with separate, empty cache directories and one store: the first compiles and
-publishes; the second's first sampling compiles nothing cold (torch's FX graph cache hits on what the store filled
-in, the pack's stats count it) and equals the first's output bit for bit; with the store stopped mid-run a prompt
-completes, with one warning. In the test process, on the pack's cache classes and the same real Redis: an
-artifact changed in the store is refused and the worker's own compile replaces it, another environment's
-fingerprint misses, another secret's artifacts and shares are refused, a store that is down answers at once, no
-secret means no store, and the command line shows and clears what the store holds.
+publishes (its compile key's artifacts, and torch's own FX graph and AOTAutograd entries through the verifying
+endpoint); the second's first sampling, on a compile key without artifacts, compiles nothing cold: torch's
+remote-cache hit counters and the pack's stats say torch's own caches found the graph, and the output equals the
+first's bit for bit; the first's compile key then loads from its artifacts, also bit for bit; the store
+stopped during a prompt that compiles costs one warning, and the prompt completes. In the test process, on the
+pack's cache classes and the same real Redis: an artifact changed in the store is refused and the worker's own
+compile replaces it, another environment's fingerprint misses, another secret's artifacts and shares are refused,
+a store that is down answers at once, no secret means no store, and the command line shows and clears what the
+store holds; torch's own RemoteFxGraphCache, through the endpoint, reads back what it wrote and refuses what was
+changed or unsigned.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
 import json
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +28,7 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager
-from soak_prompts import Prompt, cold_compiles, run_latent, server_of
+from soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of
 from tools.redis_server import RedisServer
 
 SECRET = "fleet-secret-0123456789abcdef"
@@ -33,6 +38,7 @@ SD3 = Prompt("sd3", model="sd3", cfg=4.5, steps=3)  # one block kind: a short co
 # to wait for).
 COMPILED = replace(SD3, compiled=True, choose="always compiled", background=False)
 STATIC = replace(COMPILED, dynamic="static")
+DYNAMIC = replace(COMPILED, dynamic="dynamic")
 
 
 def store_env(redis: RedisServer, secret: str = SECRET) -> dict:
@@ -62,24 +68,51 @@ def test_a_second_worker_compiles_nothing_cold_and_a_store_that_stops_costs_a_wa
         published = run_latent(first, COMPILED, "first")
         assert_close_to_eager(published, eager, "the first server")
         assert fx_graph(first, "misses") > 0, "the first server compiled nothing cold"
-        assert cache_stats(first)["remote"]["remote_published"] > 0, cache_stats(first)
+        stats = cache_stats(first)["remote"]
+        assert stats["remote_published"] > 0 and stats["torch_published"] > 0, stats  # both levels
 
-        # The second worker's first compiled prompt: its empty directory is filled from the store, and torch's
-        # own caches hit there.
-        out = run_latent(second, COMPILED, "second")
+        # The second worker's first compiled prompt, a compile key of which the store holds no artifacts: torch's
+        # own remote FX graph cache finds the first worker's graph (verified by the endpoint), and nothing
+        # compiles cold.
+        out = run_latent(second, STATIC, "second-static")
         assert torch.equal(out, published), "the second worker's output differs from the first's"
         stats = cache_stats(second)
-        assert stats["artifacts_from_remote"] > 0 and stats["remote"]["remote_refused"] == 0, stats
+        counters = stats["remote"]["torch_counters"]  # torch's own, per remote cache
+        assert counters["RemoteAOTAutogradCache"]["hit"] > 0 and counters["RemoteFxGraphCache"]["hit"] > 0, counters
+        assert stats["remote"]["torch_hits"] > 0, stats  # the endpoint's: each one verified
+        assert stats["artifacts_from_remote"] == 0 and stats["remote"]["remote_refused"] == 0, stats
         assert fx_graph(second, "misses") == 0, f"the second worker compiled cold: {cold_compiles(second)}"
         assert fx_graph(second, "hits") > 0
 
-        # The store stops mid-run: the next prompt (a compile key the store was never asked for) completes,
-        # warned once.
+        # The first worker's compile key: its artifacts come from the store into the empty directory, and torch's
+        # caches hit there.
+        out = run_latent(second, COMPILED, "second")
+        assert torch.equal(out, published), "the second worker's output differs from the first's"
+        assert cache_stats(second)["artifacts_from_remote"] > 0
+        assert fx_graph(second, "misses") == 0, f"the second worker compiled cold: {cold_compiles(second)}"
+
+        # The store stops during a prompt that compiles (a compile key the store was never asked for, so it
+        # compiles cold and publishes at its end): the prompt completes, warned once.
+        prompt_id = second.queue_prompt(graph_of(DYNAMIC, "second-dynamic"))
+        running_since = wait_until_running(second, prompt_id)
+        time.sleep(max(0.0, running_since + 2.0 - time.monotonic()))
         redis.stop()
-        out = run_latent(second, STATIC, "second-static")
-        assert_close_to_eager(out, eager, "the second worker, with the store down")
+        assert not second.get_json(f"/history/{prompt_id}"), "the prompt ended before the store stopped"
+        second.wait_for(prompt_id, timeout=900)
+        assert_close_to_eager(saved_latent(second, "second-dynamic"), eager, "the second worker, with the store down")
         assert second.log_tail(100_000).count("goes on with its local cache") == 1, second.log_tail()
         assert cache_stats(second)["remote"]["remote_errors"] >= 1
+
+
+def wait_until_running(server, prompt_id: str, timeout: float = 60) -> float:
+    """When ComfyUI started running the queued prompt (time.monotonic())."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(item[1] == prompt_id for item in server.get_json("/queue")["queue_running"]):
+            return time.monotonic()
+        assert not server.get_json(f"/history/{prompt_id}"), "the prompt ended before it was seen running"
+        time.sleep(0.05)
+    raise AssertionError(f"the prompt did not start in {timeout:.0f} s")
 
 
 def test_the_store_is_scoped_by_environment_and_secret(tmp_path, accel_pack, monkeypatch, caplog, capsys):
@@ -150,6 +183,59 @@ def test_the_store_is_scoped_by_environment_and_secret(tmp_path, accel_pack, mon
     with caplog.at_level("WARNING", logger="comfyui_accel"):
         assert remote.remote_store() is None
     assert "ACCEL_REMOTE_CACHE_KEY is missing" in caplog.text
+
+
+def test_torchs_own_fx_graph_cache_reads_through_the_endpoint_only_what_verifies(tmp_path, accel_pack, monkeypatch,
+                                                                                 caplog):
+    """torch's own remote FX graph cache (its RemoteFxGraphCache and Redis client, pointed where the pack's scope
+    points them) on the real Redis, through the worker's verifying endpoint: what torch writes is stored signed
+    under the environment's keys and read back; an entry changed in the store, or written without the signature,
+    is a miss with a warning; another environment misses; a write after the pack's call ended is dropped; the
+    switch ACCEL_DISABLE_REMOTE_TORCH_CACHE=1 leaves torch's caches off."""
+    from torch._inductor.remote_cache import RemoteFxGraphCache
+
+    modules = sys.modules
+    remote = modules[accel_pack.__name__ + ".accel.cache.remote"]
+    store = modules[accel_pack.__name__ + ".accel.cache.store"]
+    with RedisServer(tmp_path / "redis") as redis:
+        monkeypatch.setenv(remote.URL_ENV, redis.url)
+        monkeypatch.setenv(remote.KEY_ENV, SECRET)
+        env = store.EnvironmentCache(tmp_path / "worker", "cpu")
+        entry = {"data": "a compiled graph", "time_taken_ms": 12}
+        with store.torch_caches_on_the_store(env.env_id):
+            endpoint = remote.remote_store().torch_endpoint()
+            assert endpoint.path.startswith("/") and oct(os.stat(os.path.dirname(endpoint.path)).st_mode)[-3:] == "700"
+            torch_cache = RemoteFxGraphCache("fx-graph-v1")  # what torch makes in a compile inside the scope
+            torch_cache.put("graph-a", entry)
+            assert torch_cache.get("graph-a") == entry
+            assert torch_cache.get("graph-b") is None
+        client = redis.client()
+        stored = f"accel:1:{env.env_id}:torch:pt2:fx-graph-v1::graph-a:c1"
+        assert set(client.hkeys(stored)) == {b"data", b"mac"}, client.keys("*")
+        stats = remote.remote_store().stats
+        assert (stats["torch_published"], stats["torch_hits"], stats["torch_misses"]) == (1, 1, 1), stats
+
+        # another environment: a miss (the endpoint files torch's keys under the call's environment)
+        with remote.remote_store().torch_endpoint().serving("another-environment"):
+            assert torch_cache.get("graph-a") is None
+        # outside the pack's scope the endpoint serves no environment: a read misses, a write is dropped
+        torch_cache.put("graph-c", entry)
+        assert torch_cache.get("graph-a") is None and not client.keys("*graph-c*")
+
+        # changed in the store (the signed hash no longer matches), or put there by anyone without the secret
+        client.hset(stored, "data", client.hget(stored, "data").replace(b"compiled", b"malicious"))
+        client.hset(f"accel:1:{env.env_id}:torch:pt2:fx-graph-v1::graph-d:c1", mapping={"data": b"{}", "mac": b"0"})
+        with store.torch_caches_on_the_store(env.env_id), caplog.at_level("WARNING", logger="comfyui_accel"):
+            assert torch_cache.get("graph-a") is None and torch_cache.get("graph-d") is None
+        assert caplog.text.count("refusing torch's cache entry") == 2, caplog.text
+        assert remote.remote_store().stats["remote_refused"] == 2
+
+        # the switch: torch's own remote caches stay off (only the artifacts travel)
+        import torch._inductor.config as inductor_config
+
+        monkeypatch.setenv(remote.TORCH_CACHES_OFF_ENV, "1")
+        with store.torch_caches_on_the_store(env.env_id):
+            assert remote.remote_store().torch_endpoint() is None and not inductor_config.fx_graph_remote_cache
 
 
 def run_cli(pack, args: list[str], capsys) -> str:

@@ -19,10 +19,13 @@ model), so a worker with another torch or GPU misses cleanly:
     art:<key id>      hash: artifact file name -> the file's bytes (store.pack_artifact's format)
     man:<key id>      hash: artifact file name -> {"sha256", "size", "label", "mac"} as JSON
     shares            hash: block kind id -> {"share", "mac"} as JSON (auto mode's measured shares)
+    torch:<key>       hash: "data" -> an entry of torch's own FX graph or AOTAutograd cache, "mac" -> its
+                      signature (torch_remote.py: torch talks to a verifying endpoint, never to the store)
 
-torch's own Redis caches (fx_graph_remote_cache and the like) are deliberately left off: their reads check no
-signature, so anyone who can write to the store could run code in every worker. The pack's artifacts are torch's
-Mega-Cache, which carries the same FX graph, AOTAutograd and autotuning entries.
+Two levels in the store: a compile key's artifacts (torch's Mega-Cache of the whole kind: FX graphs,
+AOTAutograd entries, autotuning results), fetched before the key compiles; and torch's own per-graph entries,
+which torch looks up itself when it compiles a graph no artifact carried (another compile key of the same graph,
+a new input size).
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ RETRY_AFTER_S = 60.0  # after a failure the store is left alone this long: one w
 CONNECT_TIMEOUT_S = 1.0
 IO_TIMEOUT_S = 5.0  # an artifact is megabytes: a read of one may take a moment on a busy network
 MIN_KEY_CHARS = 16
+TORCH_CACHES_OFF_ENV = "ACCEL_DISABLE_REMOTE_TORCH_CACHE"  # =1: only the artifacts travel (torch_remote.py)
 
 
 class RemoteStore:
@@ -58,7 +62,9 @@ class RemoteStore:
         self._refused: set[tuple[str, str, str]] = set()  # (environment, key, name): replaced when compiled here
         self._problem = ""
         self.stats = {"remote_fetched": 0, "remote_published": 0, "remote_refused": 0, "remote_errors": 0,
-                      "remote_shares_fetched": 0}
+                      "remote_shares_fetched": 0, "torch_hits": 0, "torch_misses": 0, "torch_published": 0}
+        self._endpoint = None  # torch_remote.VerifyingEndpoint, started at the first compiled call
+        self._endpoint_failed = False
 
     # -- artifacts ------------------------------------------------------------------------------------
     def fetch(self, env_id: str, ident: str, have: set[str]) -> dict[str, bytes]:
@@ -136,6 +142,59 @@ class RemoteStore:
         if entries:
             self._call("publish block shares", lambda: self._redis.hset(self._key(env_id, "shares"), mapping=entries))
 
+    # -- torch's own remote caches (torch_remote.py) ---------------------------------------------------------
+    def torch_get(self, env_id: str, key: str) -> bytes | None:
+        """torch's entry under `key`, when its signature verifies; None (a miss) otherwise."""
+        found = self._call("read a torch cache entry",
+                           lambda: self._redis.hmget(self._key(env_id, "torch", key), ["data", "mac"]))
+        data, mac = found if found else (None, None)
+        if data is None:
+            self.stats["torch_misses"] += 1
+            return None
+        good = mac is not None and hmac.compare_digest(mac.decode(errors="replace"), self._torch_mac(env_id, key, data))
+        if not good:
+            self.stats["remote_refused"] += 1
+            self.stats["torch_misses"] += 1
+            log.warning("[Accel] remote compile cache %s: refusing torch's cache entry %s (not signed with this "
+                        "worker's %s, or changed in the store). It is not loaded; this worker compiles instead.",
+                        self.url, key, KEY_ENV)
+            return None
+        self.stats["torch_hits"] += 1
+        return data
+
+    def torch_put(self, env_id: str, key: str, data: bytes) -> None:
+        def write():
+            self._redis.hset(self._key(env_id, "torch", key),
+                             mapping={"data": data, "mac": self._torch_mac(env_id, key, data)})
+            return True
+
+        if self._call("publish a torch cache entry", write):
+            self.stats["torch_published"] += 1
+
+    def torch_endpoint(self):
+        """The verifying endpoint torch's Redis client is pointed at (started once), or None where it cannot run
+        or ACCEL_DISABLE_REMOTE_TORCH_CACHE=1: then torch's own remote caches stay off and the artifacts alone
+        travel."""
+        from .torch_remote import VerifyingEndpoint, can_serve
+
+        if os.environ.get(TORCH_CACHES_OFF_ENV, "") not in ("", "0"):
+            return None
+        with self._lock:
+            if self._endpoint is None and not self._endpoint_failed:
+                try:
+                    if not can_serve():
+                        raise OSError("this platform has no Unix sockets")
+                    self._endpoint = VerifyingEndpoint(self)
+                except OSError as err:
+                    self._endpoint_failed = True
+                    log.warning("[Accel] remote compile cache %s: torch's own FX graph and AOTAutograd remote "
+                                "caches stay off (%s); compile keys' artifacts still travel through the store.",
+                                self.url, err)
+            return self._endpoint
+
+    def _torch_mac(self, env_id: str, key: str, data: bytes) -> str:
+        return self._mac(env_id, "torch", key, hashlib.sha256(data).hexdigest(), str(len(data)))
+
     # -- the command line -----------------------------------------------------------------------------
     def info(self, env_id: str) -> dict:
         """What the store holds for this environment (`python -m accel cache info`)."""
@@ -146,8 +205,9 @@ class RemoteStore:
                 entries = self._redis.hvals(self._key(env_id, "man", ident))
                 files += len(entries)
                 sizes += sum(json.loads(entry).get("size", 0) for entry in entries)
+            torch_entries = sum(1 for _ in self._redis.scan_iter(match=self._key(env_id, "torch", "*"), count=500))
             return {"keys": len(idents), "artifacts": files, "megabytes": round(sizes / 2**20, 1),
-                    "shares": self._redis.hlen(self._key(env_id, "shares"))}
+                    "shares": self._redis.hlen(self._key(env_id, "shares")), "torch_entries": torch_entries}
 
         return {"url": self.url, "env_id": env_id, **(self._call("read what it holds", read, quiet=True) or
                                                        {"problem": self._problem})}
@@ -164,7 +224,8 @@ class RemoteStore:
 
     def describe(self) -> dict:
         return {"url": self.url, "available": time.monotonic() >= self._down_until, "problem": self._problem,
-                **self.stats}
+                **self.stats, "torch_endpoint": None if self._endpoint is None else self._endpoint.url,
+                "torch_counters": torch_remote_counters()}
 
     # -- internals ------------------------------------------------------------------------------------
     def _key(self, env_id: str, *parts: str) -> str:
@@ -206,6 +267,17 @@ class RemoteStore:
                             "cache and compiles what it lacks; the store is tried again in %.0f s.", self.url, what,
                             self._problem, RETRY_AFTER_S)
             return None
+
+
+def torch_remote_counters() -> dict[str, dict[str, int]]:
+    """torch's own counters of its remote caches in this process (hit, miss, put, exception per cache class, as
+    TORCH_LOGS=cache prints them), where this torch keeps them."""
+    try:
+        from torch._inductor.remote_cache import cache_stats
+    except ImportError:
+        return {}
+    return {name: {"hit": stat.hit, "miss": stat.miss, "put": stat.put, "exception": stat.exception}
+            for name, stat in dict(getattr(cache_stats, "_stats", {})).items()}
 
 
 def redacted(url: str) -> str:

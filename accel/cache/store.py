@@ -11,6 +11,8 @@ Layout, one directory per environment (see location.py):
 
 With ACCEL_REMOTE_CACHE set, a compile key's artifacts are also published to a shared store, and fetched from
 it (verified) into `artifacts/` when this directory lacks them (remote.py): the directory stays the first level.
+torch's own FX graph and AOTAutograd remote caches are on in the same scope, through a verifying endpoint
+(torch_remote.py): a graph no artifact carried, torch looks up in the store itself.
 
 Torch is pointed at `inductor/` only for the length of the pack's own compiled calls (TORCHINDUCTOR_CACHE_DIR,
 restored afterwards), so compiles made by anything else in the process keep torch's default. The artifacts are
@@ -126,6 +128,24 @@ _ONE_SCOPE_AT_A_TIME = threading.RLock()
 
 
 @contextlib.contextmanager
+def torch_caches_on_the_store(env_id: str) -> Iterator[None]:
+    """With a remote store: torch's own FX graph and AOTAutograd remote caches on, pointed at the store's
+    verifying endpoint (torch_remote.py), for this one scope."""
+    remote = remote_store()
+    endpoint = None if remote is None else remote.torch_endpoint()
+    if endpoint is None:
+        yield
+        return
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    with endpoint.serving(env_id), _scoped_env("TORCHINDUCTOR_REDIS_URL", endpoint.url), \
+            inductor_config.patch(fx_graph_remote_cache=True), \
+            functorch_config.patch(enable_remote_autograd_cache=True):
+        yield
+
+
+@contextlib.contextmanager
 def _own_artifact_record() -> Iterator[object | None]:
     """torch's Mega-Cache record, fresh for this block: what it compiles or hits is recorded apart from the rest
     of the process (whose own save_cache_artifacts() is left as it was). None where torch has no Mega-Cache."""
@@ -170,7 +190,8 @@ class EnvironmentCache:
             return
         with _ONE_SCOPE_AT_A_TIME:
             self._load(ident)
-            with _scoped_env("TORCHINDUCTOR_CACHE_DIR", str(self.inductor_dir)), _own_artifact_record() as record:
+            with _scoped_env("TORCHINDUCTOR_CACHE_DIR", str(self.inductor_dir)), \
+                    torch_caches_on_the_store(self.env_id), _own_artifact_record() as record:
                 from torch._dynamo.utils import counters
 
                 frames = counters["frames"]["ok"]
