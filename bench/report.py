@@ -81,24 +81,26 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown scenario {', '.join(unknown)}; pick from {', '.join(s.name for s in SCENARIOS)}")
     bench_models = {f: m for f, m in models(args.quick).items() if f in args.families.split(",")}
-    missing = missing_model_files(bench_models)
+    skipped, plan = [], {}
+    for family in bench_models:
+        asked = [s for s in SCENARIOS if wanted.get(s.name, set()) & {"*", family}]
+        skipped += [{"family": family, "scenario": s.name, "why": s.why_not}
+                    for s in asked if family not in s.families]
+        runnable = [s for s in asked if family in s.families]
+        if runnable:  # every ratio is against eager of the same run: eager runs first wherever another does
+            plan[family] = [BY_NAME["eager"]] + [s for s in runnable if s.name != "eager"]
+    missing = missing_model_files({f: bench_models[f] for f in plan}, swapping=wanted_swap(plan))
     if missing:  # found before an hour of runs, not at the scenario that needs the file
         parser.error(f"model files missing from ComfyUI's diffusion_models folder: {', '.join(missing)}; write "
                      f"them with `{'make bench-quick' if args.quick else 'make models'}` (tools/make_models.py)")
     kept = kept_families(out, set(bench_models), args.quick) if args.update else None
-    runs, skipped, measured = [], [], {}
+    runs, measured = [], {}
     with tempfile.TemporaryDirectory(prefix="accel-report-") as tmp:
         outputs = Path(tmp) / "outputs"
         outputs.mkdir()
-        for family in bench_models:
+        for family, runnable in plan.items():  # a model none of whose scenarios runs is neither read nor warmed
             start = time.perf_counter()
-            warm_up(family, Path(tmp), args.quick)
-            asked = [s for s in SCENARIOS if wanted.get(s.name, set()) & {"*", family}]
-            skipped += [{"family": family, "scenario": s.name, "why": s.why_not}
-                        for s in asked if family not in s.families]
-            runnable = [s for s in asked if family in s.families]
-            if runnable:  # every ratio is against eager of the same run: eager runs first wherever another does
-                runnable = [BY_NAME["eager"]] + [s for s in runnable if s.name != "eager"]
+            warm_up(bench_models[family], Path(tmp), args.quick, swapping=family in wanted_swap(plan))
             for scenario in runnable:
                 cache = Path(tmp) / f"cache-{family}-{scenario.name}"
                 cold = run_child(scenario.name, family, "cold", cache, outputs, args.quick)
@@ -131,24 +133,36 @@ def model_folder() -> Path:
     return comfyui_dir() / "models" / "diffusion_models"
 
 
-def missing_model_files(bench_models: dict) -> list[str]:
-    return [name for m in bench_models.values() for name in (m.file, m.swap_file)
-            if not (model_folder() / name).exists()]
+def wanted_swap(plan: dict) -> set[str]:
+    """The families whose runs include Swap Weights, the only scenario that reads the second file."""
+    return {family for family, scenarios in plan.items() if any(s.name == "swap" for s in scenarios)}
 
 
-def warm_up(family: str, tmp: Path, quick: bool) -> None:
+def model_files(bench, swapping: bool) -> tuple[str, ...]:
+    return (bench.file, bench.swap_file) if swapping else (bench.file,)
+
+
+def missing_model_files(bench_models: dict, swapping: set[str]) -> list[str]:
+    """The files of `bench_models` (family: BenchModel) not in ComfyUI's folder; the second file only for the
+    families in `swapping` (`make setup` writes the small models' first files, not the second Flux one)."""
+    folder = model_folder()
+    return [name for family, bench in bench_models.items() for name in model_files(bench, family in swapping)
+            if not (folder / name).exists()]
+
+
+def warm_up(bench, tmp: Path, quick: bool, swapping: bool = True) -> None:
     """Before a model's measured runs: its files are read into the OS page cache, then one unmeasured eager
     prompt runs in a process of its own, so that the first measured process (eager's, the denominator of every
     ratio) starts as the later ones do, with the model file and the libraries in the page cache. Without it,
     eager's first prompt of the benchmark Flux read the file from disk: 15.6 s against 8.6 s (2026-11-24)."""
-    bench = models(quick)[family]
-    for name in (bench.file, bench.swap_file):
-        with open(model_folder() / name, "rb") as handle:
+    folder = model_folder()
+    for name in model_files(bench, swapping):
+        with open(folder / name, "rb") as handle:
             while handle.read(64 << 20):
                 pass
     outputs = tmp / "warm-up"
     outputs.mkdir(exist_ok=True)
-    run_child("eager", family, "warm", tmp / f"cache-{family}-warm-up", outputs, quick)
+    run_child("eager", bench.family, "warm", tmp / f"cache-{bench.family}-warm-up", outputs, quick)
 
 
 def kept_families(out: Path, rerun: set[str], quick: bool) -> dict:

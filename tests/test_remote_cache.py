@@ -120,13 +120,7 @@ def test_the_store_is_scoped_by_environment_and_secret(tmp_path, accel_pack, mon
     by the worker's own, a worker of another environment (here: another torch) misses, a worker with another
     secret refuses what the store holds (artifacts and block shares), a store that is down costs one warning and
     no wait, and no secret means no store at all."""
-    modules = sys.modules
-    remote = modules[accel_pack.__name__ + ".accel.cache.remote"]
-    store = modules[accel_pack.__name__ + ".accel.cache.store"]
-    location = modules[accel_pack.__name__ + ".accel.cache.location"]
-    with RedisServer(tmp_path / "redis") as redis:
-        monkeypatch.setenv(remote.URL_ENV, redis.url)
-        monkeypatch.setenv(remote.KEY_ENV, SECRET)
+    with store_on_redis(tmp_path, accel_pack, monkeypatch) as (redis, remote, store, location):
         publisher = store.EnvironmentCache(tmp_path / "publisher", "cpu")
         ident, name = "0123456789abcdef0123", "00112233445566778899.bin"
         data = store.pack_artifact(b"compiled code", "a block kind")
@@ -194,12 +188,7 @@ def test_torchs_own_fx_graph_cache_reads_through_the_endpoint_only_what_verifies
     switch ACCEL_DISABLE_REMOTE_TORCH_CACHE=1 leaves torch's caches off."""
     from torch._inductor.remote_cache import RemoteFxGraphCache
 
-    modules = sys.modules
-    remote = modules[accel_pack.__name__ + ".accel.cache.remote"]
-    store = modules[accel_pack.__name__ + ".accel.cache.store"]
-    with RedisServer(tmp_path / "redis") as redis:
-        monkeypatch.setenv(remote.URL_ENV, redis.url)
-        monkeypatch.setenv(remote.KEY_ENV, SECRET)
+    with store_on_redis(tmp_path, accel_pack, monkeypatch) as (redis, remote, store, _):
         env = store.EnvironmentCache(tmp_path / "worker", "cpu")
         entry = {"data": "a compiled graph", "time_taken_ms": 12}
         with store.torch_caches_on_the_store(env.env_id):
@@ -236,6 +225,17 @@ def test_torchs_own_fx_graph_cache_reads_through_the_endpoint_only_what_verifies
         monkeypatch.setenv(remote.TORCH_CACHES_OFF_ENV, "1")
         with store.torch_caches_on_the_store(env.env_id):
             assert remote.remote_store().torch_endpoint() is None and not inductor_config.fx_graph_remote_cache
+
+
+@contextlib.contextmanager
+def store_on_redis(tmp_path, pack, monkeypatch):
+    """A real Redis, and this test process as a worker of the fleet (the store's URL and secret in its
+    environment); yields the server and the pack's cache modules `remote`, `store` and `location`."""
+    modules = [sys.modules[f"{pack.__name__}.accel.cache.{name}"] for name in ("remote", "store", "location")]
+    with RedisServer(tmp_path / "redis") as redis:
+        monkeypatch.setenv(modules[0].URL_ENV, redis.url)
+        monkeypatch.setenv(modules[0].KEY_ENV, SECRET)
+        yield (redis, *modules)
 
 
 def run_cli(pack, args: list[str], capsys) -> str:
