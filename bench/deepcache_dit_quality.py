@@ -52,7 +52,7 @@ def model_config():
     """ComfyUI's Flux model config, with a one-channel latent: flow matching on Flux's shifted schedule."""
     import torch
     from comfy import latent_formats, supported_models
-    from tools.family_models import flux_config_for_this_comfyui
+    from tools.family_models import config_for_this_comfyui
 
     class DigitsLatent(latent_formats.LatentFormat):
         latent_channels = 1
@@ -60,7 +60,7 @@ def model_config():
     class DigitsFlux(supported_models.Flux):
         latent_format = DigitsLatent
 
-    config = DigitsFlux(flux_config_for_this_comfyui(DIGITS_FLUX))
+    config = DigitsFlux(config_for_this_comfyui(DIGITS_FLUX))
     config.set_inference_dtype(torch.float32, None)
     return config
 

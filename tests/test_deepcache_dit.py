@@ -50,9 +50,7 @@ def narrow_model(family: family_models.Family, seed: int = 7):
     import comfy.model_patcher
     import comfy.supported_models
 
-    unet_config = dict(family.unet_config)
-    if family.detected == "Flux":
-        unet_config = family_models.flux_config_for_this_comfyui(unet_config)
+    unet_config = family_models.config_for_this_comfyui(dict(family.unet_config))
     config = getattr(comfy.supported_models, family.detected)(unet_config)
     config.set_inference_dtype(torch.float32, None)
     weights = family_models.fill_family(config.get_model({}, device="meta").diffusion_model, seed)

@@ -106,17 +106,28 @@ FLUX_BENCH = Family("flux-bench", "Flux", dict(FLUX_BASE, image_model="flux", ou
                                                 guidance_embed=True, depth=2, depth_single_blocks=4), wide=True)
 
 
-def flux_config_for_this_comfyui(unet_config: dict) -> dict:
-    """A Flux-class config that is not read back by detection (a width detection would not give), with the fields
-    this ComfyUI's FluxParams requires beyond 0.3.75's, at the values its detection gives a Flux file (ComfyUI
-    0.33 added `txt_ids_dims`, [] for Flux)."""
+# The dataclass each Params-built family's model takes its config as, and the fields newer ComfyUIs require
+# there beyond 0.3.75's, at the values their detection gives a file without the feature (0.33: `txt_ids_dims` []
+# for Flux and Chroma, Chroma's `vec_in_dim` None as it has no vector_in, HunyuanVideo's `meanflow_sum` False).
+PARAMS_CLASSES = {"flux": ("comfy.ldm.flux.model", "FluxParams"), "chroma": ("comfy.ldm.chroma.model", "ChromaParams"),
+                  "hunyuan_video": ("comfy.ldm.hunyuan_video.model", "HunyuanVideoParams")}
+NEWER_FIELDS = {"txt_ids_dims": [], "vec_in_dim": None, "meanflow_sum": False}
+
+
+def config_for_this_comfyui(unet_config: dict) -> dict:
+    """A config written here rather than read back by detection (the families' own, the trained digits Flux's),
+    with the fields this ComfyUI's Params dataclass requires beyond 0.3.75's (NEWER_FIELDS); the config's own
+    values win. Other configs come back as they are."""
     import dataclasses
+    import importlib
 
-    import comfy.ldm.flux.model
-
-    required = {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)
+    module, name = PARAMS_CLASSES.get(unet_config.get("image_model"), (None, None))
+    if module is None:
+        return unet_config
+    params = getattr(importlib.import_module(module), name)
+    required = {f.name for f in dataclasses.fields(params)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-    return {**({"txt_ids_dims": []} if "txt_ids_dims" in required else {}), **unet_config}
+    return {**{k: v for k, v in NEWER_FIELDS.items() if k in required}, **unet_config}
 
 
 def build_model(config_name: str, unet_config: dict):
@@ -124,6 +135,7 @@ def build_model(config_name: str, unet_config: dict):
     import torch
     import comfy.supported_models
 
+    unet_config = config_for_this_comfyui(unet_config)  # the family's own config, or detection's
     cfg = getattr(comfy.supported_models, config_name)(dict(unet_config))
     cfg.set_inference_dtype(torch.float32, None)
     return cfg.get_model({}, device="meta")
