@@ -5,7 +5,7 @@ ACCEL_VENV ?= .venv
 export ACCEL_VENV
 VENV_PY := $(ACCEL_VENV)/bin/python
 
-.PHONY: setup models demo test bench bench-quick clean
+.PHONY: setup models demo test bench bench-quick bench-gpu clean
 
 setup:
 	$(PYTHON) tools/setup_env.py --models test
@@ -27,6 +27,12 @@ bench: models
 bench-quick: setup
 	$(VENV_PY) tools/make_models.py --set quick
 	$(VENV_PY) bench/report.py --quick
+
+# Every check only a GPU can show, in at most 10 minutes: docs/benchmarks/gpu.md. Without a GPU it says so and exits
+# 0. `setup` writes the families; bench/gpu.py writes the benchmark Flux when missing (not `models`: the full-size
+# SD1.5 UNets and second files it does not use), and only on a GPU machine.
+bench-gpu: setup
+	$(VENV_PY) bench/gpu.py
 
 clean:
 	rm -rf .venv .comfyui

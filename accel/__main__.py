@@ -6,6 +6,7 @@
     python -m accel cache import FILE      # same GPU and torch: what does not match is skipped, with the reason
     python -m accel cache clear
     python -m accel cache clear --remote   # this environment's entries in the store ACCEL_REMOTE_CACHE names
+    python -m accel doctor [--pid N] [--json]  # threads, OpenMP runtimes, affinity: of this process or of pid N
 
 ComfyUI is found from --comfyui, else $COMFYUI_DIR, else the ComfyUI this pack is installed in. The cache is
 the one the nodes use: $ACCEL_CACHE_DIR, else accel_cache/ in ComfyUI's directory. With ACCEL_REMOTE_CACHE (and
@@ -38,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
 
     top = argparse.ArgumentParser(prog="python -m accel", description=__doc__.splitlines()[0])
     top.add_argument("--comfyui", type=Path, default=None, help="ComfyUI directory (default: see above)")
-    commands = top.add_subparsers(dest="command", required=True)
+    # metavar: the usage and the list name only what a user runs (compile-worker is internal, see below)
+    commands = top.add_subparsers(dest="command", required=True, metavar="{precompile,cache,doctor}")
     pre = commands.add_parser("precompile", help="warm the compile cache for chosen sizes")
     pre.add_argument("--model", required=True, help="a path, or a file name in diffusion_models/ or checkpoints/")
     pre.add_argument("--sizes", default="512x512", help="image sizes WIDTHxHEIGHT, comma-separated")
@@ -48,13 +50,19 @@ def parser() -> argparse.ArgumentParser:
     pre.add_argument("--dynamic", choices=DYNAMIC, default="auto", help="as on the Compile Model node")
     pre.add_argument("--scope", choices=SCOPES, default="auto", help="as on the Compile Model node")
     pre.add_argument("--cpu", action="store_true", help="compile for the CPU (default when there is no GPU)")
-    worker = commands.add_parser("compile-worker", help=argparse.SUPPRESS)  # Compile Model's background compiler
+    # Compile Model's background compiler; no help= keeps it out of the list (help=SUPPRESS showed "==SUPPRESS==")
+    worker = commands.add_parser("compile-worker")
     worker.add_argument("directory", type=Path)
     cache = commands.add_parser("cache", help="inspect, export, import or clear the compile cache")
     cache.add_argument("action", choices=("info", "export", "import", "clear"))
     cache.add_argument("file", nargs="?", type=Path, help="the file to export to or import from")
     cache.add_argument("--remote", action="store_true",
                        help="clear: remove this environment's entries from the remote store instead of the directory")
+    doctor = commands.add_parser("doctor", help="thread and OpenMP diagnostics of this machine and process")
+    doctor.add_argument("--pid", type=int, default=None,
+                        help="inspect another process (a running ComfyUI server) instead; it has no torch section")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument("--seconds", type=float, default=1.0, help="how long to sample the busiest threads")
     return top
 
 
@@ -73,6 +81,8 @@ def run(args) -> int:
         from .compile.background.child import serve
 
         return serve(args.directory)
+    if args.command == "doctor":  # needs no ComfyUI: it runs before the ComfyUI directory is looked for
+        return doctor(args.pid, args.json, args.seconds)
     from .precompile import PrecompileError, import_comfyui
 
     comfy_dir = (args.comfyui or default_comfyui()).resolve()
@@ -117,6 +127,40 @@ def run(args) -> int:
     elif args.action == "clear":
         shutil.rmtree(root, ignore_errors=True)
         print(f"removed {root}")
+    return 0
+
+
+def doctor(pid: int | None, as_json: bool, seconds: float) -> int:
+    from .diagnostics import busy_threads, thread_report
+
+    if pid is not None and not Path(f"/proc/{pid}").is_dir():
+        raise ValueError(f"no process {pid} to inspect (or no /proc: the doctor reads Linux's)")
+    report = thread_report(pid)
+    report["busy_threads"] = busy_threads(seconds, pid)
+    if as_json:
+        print(json.dumps(report, indent=1))
+        return 0
+    affinity = report["affinity"]
+    print(f"process {report['pid']}: {report['threads']} threads; may run on CPUs {affinity['allowed_cpus']} "
+          f"of {affinity['cpu_count']}")
+    print(f"OpenMP runtimes: {', '.join(report['openmp_runtimes']) or 'none loaded'}")
+    torch_info = report["torch"]
+    if torch_info is None:
+        print("torch: not shown for another process (its thread counts can only be asked from inside it)")
+    else:
+        print(f"torch {torch_info['version']}: {torch_info['num_threads']} threads, "
+              f"{torch_info['num_interop_threads']} inter-op threads, "
+              f"{torch_info['num_threads_in_new_thread']} threads as a new thread sees it")
+        for line in torch_info["parallel_info"]:
+            print(f"  {line}")
+    print("environment: " + (", ".join(f"{k}={v}" for k, v in report["environment"].items()) or "no thread settings"))
+    print(f"busiest threads over {seconds:g} s (share of one core):")
+    for thread in report["busy_threads"][:8] or [{"tid": "-", "name": "(none used the CPU)", "core_share": 0}]:
+        print(f"  {thread['tid']:>8}  {thread['core_share']:6.2f}  {thread['name']}")
+    for warning in report["warnings"]:
+        print(f"warning: {warning}")
+    if not report["warnings"]:
+        print("no known thread problem found")
     return 0
 
 

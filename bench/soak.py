@@ -2,10 +2,12 @@
 configurations of tests/soak_prompts.py (sizes, batch sizes, cfg 1 and cfg > 1, DeepCache on/off at two intervals,
 LoRA strengths, Swap Weights to another checkpoint and back, Compile Model on/off, KSampler and KSamplerAdvanced,
 the small SD1.5 UNet and the generated SD3 transformer) in six passes of shuffled order, each prompt compared with
-the same prompt run alone and eagerly in a fresh server (ACCEL_DISABLE_COMPILE=1). The first pass is the warm-up:
-each of its prompts waits for its background compile. Writes docs/benchmarks/soak.md (or --out): per prompt, its
-largest difference from the fresh run and the server's RSS after it; the cold compiles after the first pass; the
-RSS after the last prompt against the fifth.
+the same prompt run alone and eagerly in a fresh server (ACCEL_DISABLE_COMPILE=1, each prompt twice there: the
+second is the eager time a prompt is compared with). The first pass is the warm-up: each of its prompts waits for
+its background compile. Writes docs/benchmarks/soak.md (or --out): per prompt, its time against the eager
+server's, the compiles made in its path (the pack's own count of compiles a prompt waited for), its largest
+difference from the fresh run and the server's RSS after it; the cold compiles after the first pass; the RSS
+after the last prompt against the fifth.
 
     python bench/soak.py [--out docs/benchmarks/soak.md] [--seed 0]
 """
@@ -23,6 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 PROMPTS = 30
+
+
+def compiles_in_prompts(server) -> int:
+    """How many compiles (or loads) so far made a prompt wait: the pack counts each ("compiling_now" events)."""
+    return server.get_json("/accel/stats")["counters"].get("compile_model.compiling_now", 0)
 
 
 def main() -> None:
@@ -51,24 +58,30 @@ def main() -> None:
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        references = {}
+        references, eager_seconds = {}, {}
         for i, prompt in enumerate(CONFIGS):
             with server_of(tmp / f"fresh-{i}", EAGER) as fresh:
                 references[prompt] = run_latent(fresh, prompt, f"fresh-{i}")
+                start = time.perf_counter()
+                run_latent(fresh, prompt, f"fresh-again-{i}")  # warm: the time a prompt takes without the pack
+                eager_seconds[prompt] = time.perf_counter() - start
         rows = []
         with server_of(tmp / "mixed") as mixed:
             for n, index in enumerate(order):
                 prompt = CONFIGS[index]
+                waited_before = compiles_in_prompts(mixed)
                 start = time.perf_counter()
                 out = run_latent(mixed, prompt, f"mixed-{n}")
                 seconds = time.perf_counter() - start
+                in_prompt = compiles_in_prompts(mixed) - waited_before
                 if n < warm_up:  # as a worker warms up: each compile done before the next prompt comes
                     wait_for_background(mixed)
                 if n == warm_up - 1:
                     cold_before = sum(cold_compiles(mixed).values())
                 reference = references[prompt]
                 diff = (out - reference).abs().max().item() / max(reference.abs().max().item(), 1.0)
-                rows.append((n + 1, prompt, seconds, diff, torch.equal(out, reference), rss_mb(mixed)))
+                rows.append((n + 1, prompt, seconds, diff, torch.equal(out, reference), rss_mb(mixed),
+                             seconds / eager_seconds[prompt], in_prompt))
             cold_after = sum(cold_compiles(mixed).values())
 
     lines = [
@@ -79,11 +92,18 @@ def main() -> None:
         f"ComfyUI {comfyui_version()}, on the CPU (no GPU). "
         f"The whole run took {time.time() - started:.0f} s.",
         "",
-        "| # | configuration | seconds | max rel diff vs fresh | bit-equal | RSS MB |",
-        "| --- | --- | --- | --- | --- | --- |",
-        *[f"| {n} | {p.name} | {s:.2f} | {d:.2e} | {'yes' if eq else 'no'} | {rss:.0f} |"
-          for n, p, s, d, eq, rss in rows],
+        "| # | configuration | seconds | eager server's | ratio | compiles in the prompt | max rel diff vs fresh "
+        "| bit-equal | RSS MB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *[f"| {n} | {p.name} | {s:.2f} | {eager_seconds[p]:.2f} | {ratio:.2f}x | {waits} | {d:.2e} | "
+          f"{'yes' if eq else 'no'} | {rss:.0f} |" for n, p, s, d, eq, rss, ratio, waits in rows],
         "",
+        f"- Prompts over 1.3x the eager server's time for the same prompt: "
+        f"{sum(r[6] > 1.3 for r in rows)} of {len(rows)} "
+        f"({', '.join(f'#{r[0]} {r[6]:.2f}x' for r in rows if r[6] > 1.3) or 'none'}); the largest ratio after the "
+        f"warm-up pass: {max(r[6] for r in rows[warm_up:]):.2f}x.",
+        f"- Compiles a prompt waited for (in its path) after the warm-up pass: {sum(r[7] for r in rows[warm_up:])}; "
+        f"in the warm-up pass: {sum(r[7] for r in rows[:warm_up])}.",
         f"- Cold compiles (FX graph cache misses) after the first pass: {cold_after - cold_before}.",
         f"- RSS after the last prompt / after the fifth, the end of the warm-up pass (each configuration once, "
         f"each background compile waited for): {rows[-1][5] / rows[warm_up - 1][5]:.3f} (bound: 1.05). The "

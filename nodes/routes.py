@@ -22,8 +22,11 @@ def register_routes() -> bool:
     @PromptServer.instance.routes.get("/accel/stats")
     async def accel_stats(request):
         from ..accel.compile import REGISTRY
+        from ..accel.diagnostics import thread_report
 
-        return web.json_response({"version": __version__, **telemetry.snapshot(), "compile": REGISTRY.stats()})
+        # "threads": reads of /proc and no sampling (no sleep), so quick enough for the event loop
+        return web.json_response({"version": __version__, **telemetry.snapshot(), "compile": REGISTRY.stats(),
+                                  "threads": thread_report()})
 
     @PromptServer.instance.routes.get("/accel/status")
     async def accel_status(request):

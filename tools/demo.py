@@ -150,6 +150,7 @@ def main() -> None:
             print(f"server started in {time.perf_counter() - start:.1f} s on {server.url} (log: {server.log_path})")
             accel = run_prompts(server, graph, with_pack=True)
             stats = server.get_json("/accel/stats")
+            statuses = server.get_json("/accel/status")
         side_by_side(graph, plain, accel)
         print("\nwhat the pack did (GET /accel/stats):")
         latest = {(event["feature"], event["action"]): event for event in stats["events"]}
@@ -169,6 +170,10 @@ def main() -> None:
                   f"  {kind['reason']}")
         for model, check in compiled.get("whole_call_checks", {}).items():
             print(f"  whole-call check of {model}: {check['verdict']}  {check['reason']}")
+        print("\nwhat each Accel node's status line says in the web UI (GET /accel/status):")
+        for node_id, status in sorted(statuses.items()):
+            name = graph.get(node_id, {}).get("class_type", "?")
+            print(f"  node {node_id:>2} {name:<20} {status['state']}: {status['text']}")
 
 
 if __name__ == "__main__":

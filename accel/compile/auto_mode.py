@@ -19,7 +19,11 @@ sampler's real calls, never on extra ones (so measuring never changes a result):
    (EAGER: no per-block dispatch at all). A call that compiled, decided a kind or sent one to the background is
    no sample of either path.
 
-The verdicts hold for the model, its clones and its options on that device (model_record.py).
+No stage takes a sample while the pack's own work runs (a child compiling, inductor's CPU checks, a preload:
+background/activity.py): such a profile call, kind timing or whole-call sample is dropped and counted, and the
+verdict says how many were. The verdicts hold for the model, its clones and its options on that device
+(model_record.py), except an eager verdict that was a close call: it is checked again a few sampling runs later,
+at most twice (the rule: kind_choice.RECHECK_BAND).
 """
 from __future__ import annotations
 
@@ -31,7 +35,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache import COMPILE_CACHE
-from .background import BACKGROUND, SETTLED_STATES, hold_until_idle
+from .background import ACTIVITY, BACKGROUND, IDLE_GATE, SETTLED_STATES, DroppedSamples, hold_until_idle
+from .background.activity import Window
+from .background.preload import PRELOADER
+from .kind_choice import MAX_RECHECKS, RECHECK_AFTER_RUNS, RECHECK_BAND
 from .kinds import KindEntry
 from .saved_shares import save_shares
 
@@ -66,6 +73,8 @@ class CallPlan:
     blocks: int = 0
     served_before: tuple | None = None  # the kinds' counts of compiled and eager block calls before the call
     new_shapes_in_background: bool = False  # a compiled kind's new input shape may go to a child in this call
+    window: Window | None = None  # the pack's own work seen from the call's start (a sample only if none)
+    graphs_missing: bool = False  # some block ran eagerly for a graph not here yet (a child's, or loading)
 
     @property
     def timed(self) -> bool:
@@ -82,6 +91,10 @@ class AutoMode:
     calls: int = 0
     verdict: str | None = None  # None while checking, then "compiled" or "eager"
     reason: str = ""
+    dropped: DroppedSamples = field(default_factory=DroppedSamples)  # samples refused: the pack's work ran
+    close_call: bool = False  # an eager verdict by less than the re-check band: checked again later
+    settled_at_run: int = 0  # the sampling run (IDLE_GATE.runs) of the verdict
+    rechecks: int = 0
 
     def next_check_path(self) -> str:
         # Pairs (compiled, compiled, eager, eager, ...), so that calls which alternate in kind (DeepCache's full
@@ -98,9 +111,32 @@ class AutoMode:
             self.settle("compiled", f"no {SAMPLES_PER_PATH} comparable calls on each path in {MAX_CALLS} calls; "
                                     "keeping the per-kind choice")
 
-    def settle(self, verdict: str, reason: str) -> None:
-        self.verdict, self.reason = verdict, reason
-        log.info("[Accel] Compile Model (%s): %s", self.model_label, reason)
+    def settle(self, verdict: str, reason: str, close_call: bool = False) -> None:
+        dropped = self.dropped.describe()
+        self.verdict, self.close_call, self.settled_at_run = verdict, close_call and verdict == "eager", IDLE_GATE.runs
+        self.reason = reason + (f"; {dropped}" if dropped else "") + (
+            "; a close call, checked again after a few more runs" if self.close_call and self.recheck_left else "")
+        log.info("[Accel] Compile Model (%s): %s", self.model_label, self.reason)
+
+    @property
+    def recheck_left(self) -> bool:
+        return self.rechecks < MAX_RECHECKS
+
+    def recheck_due(self) -> bool:
+        """An eager verdict that was a close call, RECHECK_AFTER_RUNS sampling runs old: check again."""
+        return (self.verdict == "eager" and self.close_call and self.recheck_left
+                and IDLE_GATE.runs >= self.settled_at_run + RECHECK_AFTER_RUNS)
+
+    def start_recheck(self, entries: list[KindEntry]) -> None:
+        """Check again from the start: kinds whose eager choice was a close call are timed again, then whole
+        calls. Real calls only, as the first time."""
+        self.rechecks += 1
+        for entry in {e.key: e for e in entries}.values():
+            if entry.choice.close_call and not entry.failure:
+                entry.choice.recheck()
+        self.samples, self.calls, self.verdict, self.close_call = {}, 0, None, False
+        self.reason = f"checking again (re-check {self.rechecks} of {MAX_RECHECKS}: the eager verdict was a close call)"
+        log.info("[Accel] Compile Model (%s): %s", self.model_label, self.reason)
 
     def _decide(self, by_path: dict[str, list[float]]) -> None:
         # Compiled must win every comparison: its slowest call beats the fastest eager one by the margin. A
@@ -114,7 +150,7 @@ class AutoMode:
                     f"{eager_s:.3f} s eager ({len(by_path['compiled'])} and {len(by_path['eager'])} calls): " +
                     ("keeping the compiled blocks" if faster else
                      "running this model eagerly (compiled blocks were not clearly faster here; choose='always "
-                     "compiled' keeps them anyway)"))
+                     "compiled' keeps them anyway)"), close_call=compiled_s < eager_s * RECHECK_BAND)
 
     def status(self, entries: list[KindEntry]) -> str:
         """Where the model stands while there is no verdict yet, in words: why it has none (yet)."""
@@ -132,7 +168,9 @@ class AutoMode:
 
     def stats(self, entries: list[KindEntry]) -> dict:
         return {"verdict": self.verdict or "checking", "reason": self.reason or self.status(entries),
-                "calls_timed": self.calls, "seconds": {str(list(key)): times for key, times in self.samples.items()}}
+                "calls_timed": self.calls, "seconds": {str(list(key)): times for key, times in self.samples.items()},
+                "dropped_samples": dict(self.dropped.by_work), "rechecks": self.rechecks,
+                "close_call": self.close_call}
 
 
 def inputs_key(args: tuple, kwargs: dict) -> tuple:
@@ -151,7 +189,9 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
         pending = len({e.key for e in entries if e.compiles == 0 and not e.failure})
         return CallPlan(CallMode.DISPATCH, True, False, device_type, pending)
     if auto.verdict == "eager":
-        return None  # whole calls were not faster compiled
+        if not auto.recheck_due():
+            return None  # whole calls were not faster compiled
+        auto.start_recheck(entries)
     background = background_allowed
     if background:
         BACKGROUND.poll()  # a finished child hands its kinds back here
@@ -163,9 +203,10 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
         return CallPlan(CallMode.PROFILE, False, background, device_type)
     auto.profiled = True  # every kind's share is known (saved by an earlier process): nothing to profile
     checking = auto.verdict is None and all(e.choice.decided or e.failure for e in entries) and not any(
-        e.background.waiting or e.background.compiling_new_shape for e in entries)
+        e.background.waiting or e.background.compiling_new_shape or PRELOADER.awaited_by(e) for e in entries)
     if checking and not any(e.path == "compiled" for e in entries):
-        auto.settle("eager", "no block kind was worth compiling or faster compiled: running this model eagerly")
+        auto.settle("eager", "no block kind was worth compiling or faster compiled: running this model eagerly",
+                    close_call=any(e.choice.close_call for e in entries))
         return None
     # Blocks look for inputs of a new shape to send to a child unless the call's inputs were seen in a settled
     # call (the look costs each block call tens of microseconds).
@@ -180,18 +221,22 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
 
 def start_call(record, plan: CallPlan) -> None:
     plan.served_before = _served(record.entries)
+    plan.window = ACTIVITY.window() if plan.timed else None
 
 
 def finish_call(record, plan: CallPlan, seconds: float, call_key: tuple, inputs: tuple = ()) -> None:
     """What the call measured goes where it belongs: which blocks ran how (the model's stats), kinds' shares,
     captures to the background compiler, whole-call samples to the check."""
     entries, auto = record.entries, record.auto
-    if plan.new_shapes_in_background and not plan.background and not plan.captures:
+    if plan.new_shapes_in_background and not (plan.background or plan.captures or plan.graphs_missing):
         record.inputs_seen.add(inputs)  # every kind settled and none met a new shape: later repeats need no look
     (compiled_before, eager_before), (compiled_after, eager_after) = plan.served_before, _served(entries)
     record.last_call = {"mode": plan.mode.value, "blocks": plan.blocks, "compiled": compiled_after - compiled_before,
                         "eager": dict(eager_after - eager_before)}
-    if plan.mode is CallMode.PROFILE:
+    competing = plan.window.competing() if plan.window is not None else []
+    if competing:  # no sample: the next profile or check call measures again
+        auto.dropped.note(competing)
+    elif plan.mode is CallMode.PROFILE:
         auto.profiled = True
         measured = {e.key: e for e in entries if e.key in plan.kind_seconds}  # one per kind, not per block
         for entry in measured.values():
@@ -199,7 +244,8 @@ def finish_call(record, plan: CallPlan, seconds: float, call_key: tuple, inputs:
         save_shares(plan.device_type, {e.choice.share_id: e.choice.share for e in measured.values()})
     if plan.captures:
         _launch_background(list(plan.captures.values()), plan.device_type)
-    if plan.mode in (CallMode.CHECK_COMPILED, CallMode.CHECK_EAGER) and _settled_state(entries) == plan.settled_before:
+    if (plan.mode in (CallMode.CHECK_COMPILED, CallMode.CHECK_EAGER) and not competing and not plan.graphs_missing
+            and _settled_state(entries) == plan.settled_before):  # some blocks eager for a missing graph: no sample
         auto.record((*call_key, plan.blocks), "compiled" if plan.mode is CallMode.CHECK_COMPILED else "eager",
                     seconds)
 

@@ -8,36 +8,45 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from .attention import compiled_block_options
 from .auto_mode import CallMode, CallPlan
-from .background import Capture, preload
+from .background import ACTIVITY, Capture, preload
 from .background.preload import MAX_NOTED_CALLS, PRELOADER
 from .background.state import BackgroundState
 from .blocks import BlockSite, block_safe_options, whole_model_safe_options
-from .kinds import KindEntry, input_signature, wait_for_device
+from .kinds import WOULD_COMPILE, KindEntry, input_signature, wait_for_device
 
 PATCHED = "another node patched the attention or the UNet"
 IN_BACKGROUND = "compiling in the background"
+LOADS_BETWEEN_PROMPTS = "compiled, loads between prompts"
 TIMING_EAGER_SIDE = "timing: the eager side of the per-kind choice"
 NEW_SHAPE_IN_BACKGROUND = "a new input shape compiling in the background"
 
 
 def run_on_chosen_path(entry: KindEntry, block, args: tuple, kwargs: dict, device_type: str, run_compiled):
     """choose="auto": run the block on its kind's chosen path; while the kind is undecided, this real call is
-    one timed sample of the choice (kind_choice.py), on the side whose turn it is."""
+    one timed sample of the choice (kind_choice.py), on the side whose turn it is for calls of its input shape.
+    A sample beside the pack's own work (background/activity.py) is dropped."""
     choice = entry.choice
     if choice.path == "compiled":
         return run_compiled()
     if choice.path == "eager" or entry.failure:
         return entry.run_eager(block, args, kwargs, entry.reason)
-    side, seconds = choice.next_side(), {}
+    shape = tuple(tuple(v.shape) for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+    side, seconds, window = choice.next_side(shape), {}, ACTIVITY.window()
     if side == "compiled":
         out = timed(run_compiled, seconds, side, device_type)
         if not entry.last_call_warm:  # it compiled or met new inputs: no fair sample
             return out
     else:
         out = timed(lambda: entry.run_eager(block, args, kwargs, TIMING_EAGER_SIDE), seconds, side, device_type)
-    choice.record(side, seconds[side])
+    competing = window.competing()
+    if competing:
+        choice.drop(competing)
+    else:
+        choice.record(shape, side, seconds[side])
     return out
 
 
@@ -55,6 +64,34 @@ def note_for_preload(entry: KindEntry, block, attribute: str, make_call) -> None
         PRELOADER.keep(capture)
     call_args, call_kwargs = make_call()
     capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
+
+
+def new_shape_goes_to_child(entry: KindEntry, block, attribute: str, make_call, captures: dict) -> bool:
+    """A call's inputs need a graph the compiled kind does not have. True when the call runs eagerly because a
+    child compiles that graph (captured now into `captures`, by kind key, which the caller sends when its call
+    ends; or a child is already on the kind) or compiled it and this process loads it between prompts
+    (preload.py); False when nothing else will: the kind compiles or loads it here, as before background
+    compiles (a child that failed on it, no preload on this device)."""
+    background = entry.background
+    call_args, call_kwargs = make_call()
+    signature = input_signature(call_args, call_kwargs)
+    if signature in entry.shapes_sent:
+        return background.compiling_new_shape or (preload.enabled(entry.device_type) and PRELOADER.will_load(entry))
+    capture = captures.get(entry.key)
+    if capture is not None and capture.new_shape:  # another new shape in this call: the same child
+        capture.add_call(signature, call_args, call_kwargs)
+        entry.shapes_sent.add(signature)
+        return True
+    if background.compiling_new_shape:
+        return True  # a child works on this kind: these inputs go to the next one, from a later call
+    if not background.may_compile_new_shape or entry.first_call is None:
+        return False
+    capture = captures[entry.key] = Capture.in_this_call(entry, block, attribute, calls=[entry.first_call],
+                                                         new_shape=True)
+    capture.add_call(signature, call_args, call_kwargs)
+    entry.shapes_sent.add(signature)
+    background.new_shape()
+    return True
 
 
 def timed(run, into: dict, key, device_type: str):
@@ -85,6 +122,9 @@ class BlockDispatcher:
             return self._timed(lambda: entry.forward(block, *args, **kwargs), plan.kind_seconds, entry.key)
         if waits:
             return entry.run_eager(block, args, kwargs, IN_BACKGROUND)
+        if plan.new_shapes_in_background and PRELOADER.awaited_by(entry):
+            plan.graphs_missing = True
+            return entry.run_eager(block, args, kwargs, LOADS_BETWEEN_PROMPTS)
         if self.eager_reason:
             return entry.run_eager(block, args, kwargs, self.eager_reason)
         make_call = self._make_call(args, kwargs)
@@ -92,7 +132,11 @@ class BlockDispatcher:
             return entry.run_eager(block, args, kwargs, PATCHED)
         if plan.always_compiled:
             return self._compiled(make_call, args, kwargs)
-        if plan.new_shapes_in_background and self._new_shape_in_background(make_call):
+        if plan.new_shapes_in_background and entry.can_refuse_compiles:
+            return run_on_chosen_path(entry, block, args, kwargs, plan.device_type,
+                                      lambda: self._compiled_or_eager(make_call, args, kwargs))
+        if plan.new_shapes_in_background and self._new_shape_in_background(make_call):  # kinds with graph breaks
+            plan.graphs_missing = True
             return entry.run_eager(block, args, kwargs, NEW_SHAPE_IN_BACKGROUND)
         return run_on_chosen_path(entry, block, args, kwargs, plan.device_type,
                                   lambda: self._compiled(make_call, args, kwargs))
@@ -108,6 +152,21 @@ class BlockDispatcher:
             self.progress.update(1)
         return out
 
+    def _compiled_or_eager(self, make_call, args: tuple, kwargs: dict):
+        """A compiled kind's call that must not compile in the prompt (choose=auto with a background compile):
+        the kind's graphs serve it, as Dynamo's own guards say, or it runs eagerly on its untouched inputs and a
+        child compiles its graph (`new_shape_goes_to_child`). A new size, batch (a batch of 1 against one of 2),
+        cfg 1 dropping the uncond half or a longer prompt: each is a guard, none is predicted (the VAE's calls
+        the same way: vae.py)."""
+        entry = self.entry
+        out = entry.run_compiled(self.site.module, make_call, args, kwargs, may_compile=False)
+        if out is not WOULD_COMPILE:
+            return out
+        if not new_shape_goes_to_child(entry, self.site.module, self.site.attribute, make_call, self.plan.captures):
+            return self._compiled(make_call, args, kwargs)  # nothing else would make or load its graph
+        self.plan.graphs_missing = True
+        return entry.run_eager(self.site.module, args, kwargs, NEW_SHAPE_IN_BACKGROUND)
+
     def _make_call(self, args: tuple, kwargs: dict):
         """A function building fresh (args, kwargs) for a compiled call of this block, or None when this call
         must run eagerly (another node patched what the block computes)."""
@@ -122,9 +181,10 @@ class BlockDispatcher:
         return lambda: with_options(compiled_block_options(self.allow_sdpa))
 
     def _new_shape_in_background(self, make_call) -> bool:
-        """True when this call of a compiled kind runs eagerly because its inputs' shape would compile a new
-        graph (a longer prompt, another size): the call is captured and a child compiles that graph, as it does
-        a kind's first one. Shapes already compiled keep running compiled meanwhile."""
+        """For a kind with graph breaks (no `can_refuse_compiles`): True when this call of a compiled kind runs
+        eagerly because its inputs' shape would compile a new graph, as `would_compile` predicts: the call is
+        captured and a child compiles that graph, as it does a kind's first one. Shapes already compiled keep
+        running compiled meanwhile."""
         entry, plan = self.entry, self.plan
         background = entry.background
         if entry.choice.path != "compiled" or entry.failure or not (

@@ -70,6 +70,13 @@ def wait_for_device(device_type: str) -> None:
         torch.cuda.synchronize()
 
 
+# What `run_compiled(..., may_compile=False)` returns when the kind's graphs do not serve the call's inputs: Dynamo
+# refused to compile them (torch.compiler.set_stance("fail_on_recompile")) before the block ran, so the caller
+# runs the block eagerly on its untouched inputs.
+WOULD_COMPILE = object()
+_REFUSED = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
+
+
 def _dynamo_frames() -> int:
     from torch._dynamo.utils import counters  # lazily: importing the pack must not pull in Dynamo
 
@@ -183,6 +190,7 @@ class KindEntry:
         self.dynamic_dims: set[tuple[int, int]] = set()  # (tensor index, dimension)
         self.seen_inputs: set[tuple] = set()  # input signatures already run compiled (see _call_compiled)
         self.compiling_now = False  # a call of new inputs compiles (or loads) in the prompt's path (status.py)
+        self.graph_breaks = False  # a compile here made more than one frame: its block runs as several graphs
         # The ways the model calls this kind apart from shapes (which inputs are tensors or None, their memory
         # layouts): each needs graphs of its own, so a shape change costs one compile per variant.
         self.call_variants: set[tuple] = set()
@@ -235,6 +243,15 @@ class KindEntry:
             return False
         return True
 
+    @property
+    def can_refuse_compiles(self) -> bool:
+        """Whether a call may ask Dynamo for this kind's existing graphs or nothing (`may_compile=False`): once the
+        kind has graphs here, each one frame. Dynamo's own guards then decide what a graph serves, where
+        `would_compile` only predicts it (a batch of 1 is a graph of its own: Dynamo specialises sizes 0 and 1).
+        A kind with graph breaks could be refused at its second frame, after the first had changed the block's
+        inputs in place, so it keeps the prediction."""
+        return self.compiles > 0 and not self.graph_breaks and not torch.compiler.is_compiling()
+
     def would_compile(self, args: tuple, kwargs: dict) -> bool:
         """A compiled call with these inputs would make a new graph here: its input signature was never run
         compiled nor sent to a child, and it is a new call variant, or (dynamic="auto") it changes a dimension
@@ -255,13 +272,16 @@ class KindEntry:
         self.eager_calls[reason] += 1
         return self.forward(block, *args, **kwargs)
 
-    def run_compiled(self, block, make_call: Callable[[], tuple[tuple, dict]], args: tuple, kwargs: dict):
+    def run_compiled(self, block, make_call: Callable[[], tuple[tuple, dict]], args: tuple, kwargs: dict,
+                     may_compile: bool = True):
         """Run `block` compiled. `make_call` builds fresh (args, kwargs) for the compiled call; `args`/`kwargs`
-        are the caller's own, for the eager path a failed compile falls back to."""
+        are the caller's own, for the eager path a failed compile falls back to. With `may_compile` False (only
+        where `can_refuse_compiles`), inputs no graph of the kind serves return WOULD_COMPILE, the block not run."""
         with self._calls:
-            return self._run_compiled(block, make_call, args, kwargs)
+            return self._run_compiled(block, make_call, args, kwargs, may_compile)
 
-    def _run_compiled(self, block, make_call: Callable[[], tuple[tuple, dict]], args: tuple, kwargs: dict):
+    def _run_compiled(self, block, make_call: Callable[[], tuple[tuple, dict]], args: tuple, kwargs: dict,
+                      may_compile: bool = True):
         if self.failure:
             return self.run_eager(block, args, kwargs, self.reason)
         compiled = self.compiled_entry()  # before the clock starts: its CPU probe is no compile time
@@ -269,7 +289,9 @@ class KindEntry:
         start = time.perf_counter()
         self.last_call_warm = False
         try:
-            out, seen = self._call_compiled(compiled, block, make_call)
+            out, seen = self._call_compiled(compiled, block, make_call, may_compile=may_compile)
+            if out is WOULD_COMPILE:
+                return out
         except (torch.OutOfMemoryError, KeyboardInterrupt):
             raise
         except Exception as err:  # a failed compile or first run costs this kind its compiled path, not the prompt
@@ -312,7 +334,7 @@ class KindEntry:
         return self.failure or self.choice.reason
 
     def _call_compiled(self, compiled: Callable, block, make_call: Callable[[], tuple[tuple, dict]],
-                       in_prompt_path: bool = True) -> tuple[Any, bool]:
+                       in_prompt_path: bool = True, may_compile: bool = True) -> tuple[Any, bool]:
         """One compiled call, and whether its inputs were seen before. New inputs may compile, so that call runs
         inside the persistent cache's scope (torch's caches in the pack's directory, the artifacts saved); inputs
         already seen skip the scope's cost, tens of microseconds a call. Should another guard still recompile
@@ -323,6 +345,16 @@ class KindEntry:
         signature = input_signature(call_args, call_kwargs)
         if signature in self.seen_inputs:
             return compiled(block, *call_args, **call_kwargs), True
+        if not may_compile:
+            try:
+                with torch.compiler.set_stance("fail_on_recompile"):  # this call only: restored on the way out
+                    out = compiled(block, *call_args, **call_kwargs)
+            except RuntimeError as err:
+                if not str(err).startswith(_REFUSED):
+                    raise
+                return WOULD_COMPILE, False
+            self.seen_inputs.add(signature)  # a graph of the kind serves them: a warm call
+            return out, True
         if self.first_call is None:
             self.first_call = _layouts_of(call_args, call_kwargs)
         self.call_variants.add(_call_variant(call_args, call_kwargs))
@@ -389,6 +421,7 @@ class KindEntry:
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def _note_compile(self, frames: int, seconds: float, args: tuple, kwargs: dict) -> None:
+        self.graph_breaks |= frames > 1
         if self.compiles:
             self.recompile_reasons.append(self._last_guard_failure())
         self.compiles += frames
@@ -421,5 +454,6 @@ class KindEntry:
             "eager_calls": dict(self.eager_calls), "timings": dict(choice.timings),
             "call_share": round(choice.share, 4) if choice.share is not None else None,
             "dynamic_dims": sorted(self.dynamic_dims), "call_variants": len(self.call_variants),
+            "dropped_samples": dict(choice.dropped.by_work), "rechecks": choice.rechecks,
             "background": self.background.stats(),
         }

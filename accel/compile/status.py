@@ -103,13 +103,14 @@ def model_status(base_model, choose: str = "auto") -> dict:
             f"eager: compiled whole steps were not faster in every comparison (slowest compiled "
             f"{max(compiled_s):.3f} s vs fastest eager {min(eager):.3f} s)" if eager and compiled_s
             else "eager: " + autos[0].reason.split(":")[0])  # no kind was worth compiling or faster compiled
+        text += _evidence(autos, entries)
     elif autos and any(a.verdict is None for a in autos):
         state, text = "checking", f"{len(compiled)} of {n} kinds compiled; timing whole steps compiled vs eager"
     elif compiled:
         eager, compiled_s = _timed_calls(autos)
         state, text = "compiled", f"{len(compiled)} of {n} kinds compiled" + (
             f", whole steps {statistics.median(eager) / statistics.median(compiled_s):.2f}x eager's speed "
-            "(medians)" if eager and compiled_s else "")
+            "(medians)" if eager and compiled_s else "") + _evidence(autos, entries)
     else:
         state, text = "eager", "eager: no block kind was worth compiling"
     return {"state": state, "text": text, "kinds": kinds, "progress": progress}
@@ -161,6 +162,16 @@ def _vae_method_status(entry) -> tuple[str, str]:
     timings = choice.timings
     speedup = f", {timings['eager_s'] / timings['compiled_s']:.2f}x eager's speed" if timings else ""
     return "compiled", f"compiled{speedup} ({choice.reason})"
+
+
+def _evidence(autos, entries) -> str:
+    """What a verdict was taken on: clean samples only, how many were dropped beside the pack's own work, and
+    whether a close call will be checked again (auto_mode.py)."""
+    dropped = sum(a.dropped.total for a in autos) + sum(e.choice.dropped.total for e in entries)
+    text = "; on clean samples" + (f" ({dropped} taken beside the pack's own work dropped)" if dropped else "")
+    if any(a.close_call and a.recheck_left for a in autos):
+        text += "; a close call, checked again in a few runs"
+    return text
 
 
 def _timed_calls(autos) -> tuple[list[float], list[float]]:

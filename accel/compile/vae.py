@@ -17,9 +17,11 @@ import copy
 from .. import telemetry
 from ..cache import COMPILE_CACHE
 from .background import BACKGROUND, Capture, hold_until_idle
+from .background.preload import PRELOADER
 from .blocks import BlockKind
-from .dispatch import IN_BACKGROUND, note_for_preload, run_on_chosen_path
-from .kinds import KindEntry, input_signature
+from .dispatch import (IN_BACKGROUND, LOADS_BETWEEN_PROMPTS, NEW_SHAPE_IN_BACKGROUND, new_shape_goes_to_child,
+                       note_for_preload, run_on_chosen_path)
+from .kinds import WOULD_COMPILE, KindEntry, input_signature
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
 from .registry import REGISTRY
@@ -64,10 +66,28 @@ class CompiledMethod:
 
         if options.choose == "always compiled":
             return run_compiled()
-        if options.compiles_in_background and policy.allows("background_compile") and \
-                self._compiling_in_background(entry, args, kwargs, device):
+        background = options.compiles_in_background and policy.allows("background_compile")
+        if background and self._compiling_in_background(entry, args, kwargs, device):
             return entry.run_eager(self.module, args, kwargs, IN_BACKGROUND)
+        if background and PRELOADER.awaited_by(entry):
+            return entry.run_eager(self.module, args, kwargs, LOADS_BETWEEN_PROMPTS)
+        if background and entry.can_refuse_compiles:
+            return run_on_chosen_path(entry, self.module, args, kwargs, device.type,
+                                      lambda: self._compiled_or_eager(entry, args, kwargs, device))
         return run_on_chosen_path(entry, self.module, args, kwargs, device.type, run_compiled)
+
+    def _compiled_or_eager(self, entry: KindEntry, args: tuple, kwargs: dict, device):
+        """A decode (or encode) of a new size does not compile in the prompt: as a block's call (dispatch.py)."""
+        out = entry.run_compiled(self.module, lambda: (args, kwargs), args, kwargs, may_compile=False)
+        if out is not WOULD_COMPILE:
+            return out
+        captures = {}
+        if not new_shape_goes_to_child(entry, self.module, self.method, lambda: (args, kwargs), captures):
+            return entry.run_compiled(self.module, lambda: (args, kwargs), args, kwargs)
+        if captures:
+            BACKGROUND.launch(list(captures.values()), COMPILE_CACHE.environment(device.type).dir,
+                              hold=hold_until_idle(device.type))
+        return entry.run_eager(self.module, args, kwargs, NEW_SHAPE_IN_BACKGROUND)
 
     def _compiling_in_background(self, entry: KindEntry, args: tuple, kwargs: dict, device) -> bool:
         """True while this VAE kind compiles in a child, and for the call that sends it there (its first, when

@@ -6,13 +6,15 @@
   until it has been idle a while (`BACKGROUND`);
 - idle_gate.py: on a CPU with few cores, held work starts at this process's next idle moment (`IDLE_GATE`);
 - cpu_checks.py: inductor's per-process CPU checks in a thread, before kinds found in the cache load;
+- activity.py: the pack's own work running now (a child, the CPU checks, a preload), so no timing is taken beside it;
 - child.py: `python -m accel compile-worker DIR`, imported only there (it needs the registry, which needs this).
 """
+from .activity import ACTIVITY, DroppedSamples
 from .idle_gate import IDLE_GATE
 from .parent import BACKGROUND, BackgroundCompiler, Capture, hold_until_idle
 from .skeleton import CaptureError, dump_skeleton, load_skeleton
 from .state import SETTLED_STATES, WAITING_STATES, BackgroundState, KindBackground
 
-__all__ = ["BACKGROUND", "BackgroundCompiler", "Capture", "IDLE_GATE", "hold_until_idle",
-           "CaptureError", "dump_skeleton", "load_skeleton",
+__all__ = ["ACTIVITY", "DroppedSamples", "BACKGROUND", "BackgroundCompiler", "Capture", "IDLE_GATE",
+           "hold_until_idle", "CaptureError", "dump_skeleton", "load_skeleton",
            "BackgroundState", "KindBackground", "SETTLED_STATES", "WAITING_STATES"]

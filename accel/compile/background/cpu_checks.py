@@ -25,6 +25,7 @@ import threading
 import time
 
 from ... import telemetry
+from .activity import ACTIVITY
 from .idle_gate import IDLE_GATE
 from .preload import PRELOADER
 from .state import KindBackground
@@ -100,7 +101,8 @@ class CpuChecks:
         try:
             from torch._inductor import cpu_vec_isa
 
-            cpu_vec_isa.valid_vec_isa_list()  # torch's own checks; it caches the answer for the process
+            with ACTIVITY.running("inductor's CPU checks"):  # new processes: no timing is taken beside them
+                cpu_vec_isa.valid_vec_isa_list()  # torch's own checks; it caches the answer for the process
         except Exception as err:  # noqa: BLE001  (the compile that follows checks again, as without this)
             self.error = f"{type(err).__name__}: {err}"[:300]
             log.warning("[Accel] inductor's CPU checks failed in their thread (%s); the next compile runs them",

@@ -41,6 +41,7 @@ class IdleGate:
         self._outside_since: float | None = None  # when the wait outside a sampling run began
         self._watcher: threading.Thread | None = None
         self.released: list[str] = []  # why each release happened, for stats and tests
+        self.runs = 0  # sampling runs started in this process (auto mode re-checks a close call a few runs later)
 
     def when_idle(self, callback: Callable[[], None]) -> None:
         """Call `callback` (from the watcher thread) at the next idle moment outside a sampling run."""
@@ -56,6 +57,7 @@ class IdleGate:
     def sampling_started(self) -> None:
         with self._lock:
             self._sampling += 1
+            self.runs += 1
             self._outside_since = None
 
     def sampling_ended(self) -> None:

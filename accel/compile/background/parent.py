@@ -54,6 +54,7 @@ import torch
 from ... import telemetry
 from ...cache.trust import make_private_dirs
 from ...env_settings import env_float
+from .activity import ACTIVITY
 from .cpu_checks import CPU_CHECKS
 from .idle_gate import IDLE_GATE
 from .preload import PRELOADER
@@ -165,6 +166,11 @@ class BackgroundCompiler:
         the checks running), graphs to load between prompts. What the demo and the HTTP tests wait on."""
         return self.has_jobs or CPU_CHECKS.busy or bool(PRELOADER.pending)
 
+    def compiling(self) -> bool:
+        """A child works on a job now (its start included): the machine is not the sampler's alone."""
+        job = self._job
+        return job is not None and not job.ended()
+
     def launch(self, captures: list[Capture], env_dir: Path, hold: bool = False) -> bool:
         """Send `captures` to a child (now, when the running one ends, or with `hold` at this process's next idle
         moment, idle_gate.py): their kinds become PENDING. False when none could be sent (each such kind compiles
@@ -228,6 +234,7 @@ class BackgroundCompiler:
                 entry.background.failed(f"the child process could not start ({err})")
             return False
         self._job = job = Job(entries, worker, directory, time.perf_counter())
+        ACTIVITY.started()
         threading.Thread(target=self._hand_back_when_done, args=(job,), name="accel-background-job",
                          daemon=True).start()
         log.info("[Accel] Compile Model: compiling %s in the background (pid %d); those blocks run eagerly until "
@@ -477,3 +484,4 @@ def _read_json(path: Path) -> dict | None:
 
 
 BACKGROUND = BackgroundCompiler()
+ACTIVITY.watch("a background compile", BACKGROUND.compiling)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import telemetry
+from .activity import ACTIVITY
 from .idle_gate import IDLE_GATE
 from .state import BackgroundState
 
@@ -104,6 +105,18 @@ class Preloader:
                 return
         IDLE_GATE.when_idle(self.run)
 
+    def awaited_by(self, entry) -> bool:
+        """`entry` has no graph in this process yet and the preload will load its graphs between prompts: until
+        then its blocks run eagerly rather than load them in a prompt (Dynamo traces each graph: seconds)."""
+        return (entry.compiles == 0 and entry.background.state in LOADABLE and enabled(entry.device_type)
+                and entry.choice.path != "eager" and self.will_load(entry))
+
+    def will_load(self, entry) -> bool:
+        """Graphs of `entry` are still to load here: kept for its child, ready, or loading now."""
+        with self._lock:
+            return (id(entry) in self._kept or any(r.capture.entry is entry for r in self._ready)
+                    or (self._loading is not None and self._loading.capture.entry is entry))
+
     @property
     def pending(self) -> list[str]:
         """Kinds still to load, the one loading now first."""
@@ -155,7 +168,8 @@ class Preloader:
             return
         start = time.perf_counter()
         try:
-            frames = entry.preload(block, list(capture.calls), capture.grad, capture.inference)
+            with ACTIVITY.running("a preload of compiled graphs"):  # tracing: no timing is taken beside it
+                frames = entry.preload(block, list(capture.calls), capture.grad, capture.inference)
         except Exception as err:  # noqa: BLE001  (the kind loads at its next call instead, as without this)
             log.info("[Accel] Compile Model: loading %s between prompts failed (%s: %s); it loads at its next "
                      "call", entry.kind.label, type(err).__name__, str(err)[:200])

@@ -1,0 +1,150 @@
+"""Thread and OpenMP hygiene of a process, for `python -m accel doctor` and the "threads" of GET /accel/stats.
+
+CPU inference slows down for reasons invisible from inside torch: two OpenMP runtimes mapped into one process
+(each with its own spinning pool: pytorch#98836), an affinity mask narrower than torch's thread count
+(pytorch#125547), an OMP_NUM_THREADS that torch no longer follows, or a thread whose torch count differs from the
+main thread's (ATen initialises its OpenMP count per thread). Everything here reads /proc (Linux); elsewhere the
+/proc parts come back empty, so the stats route still answers on Windows and macOS.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+
+# libgomp.so.1 (GCC, conda), libgomp-a34b3233.so.1 (a wheel's copy renamed by auditwheel), libiomp5.so (Intel),
+# libomp.so.5 (LLVM); the separator keeps libomptarget (LLVM's offloading plugin, not a runtime) out.
+OPENMP_RUNTIME = re.compile(r"lib(?:gomp|iomp5|omp)(?:-[0-9A-Za-z]+)?\.so")
+ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_")
+ENV_NAMES = ("TORCHINDUCTOR_COMPILE_THREADS",)
+
+
+def openmp_runtimes(pid: int) -> list[str]:
+    """The OpenMP runtime libraries mapped into pid, one path each (a library maps several segments)."""
+    found = []
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if OPENMP_RUNTIME.match(os.path.basename(path)) and path not in found:
+                    found.append(path)
+    except OSError:  # not Linux, or the process is gone
+        pass
+    return found
+
+
+def thread_times(pid: int) -> list[dict]:
+    """Each thread of pid: tid, name, cpu seconds so far and the CPUs it may run on."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    threads = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return threads
+    for tid in tids:
+        base = f"/proc/{pid}/task/{tid}"
+        try:  # a thread may end between the listing and the reads: it is left out then
+            with open(f"{base}/stat") as f:
+                stat = f.read()
+            with open(f"{base}/comm") as f:
+                name = f.read().strip()
+            with open(f"{base}/status") as f:
+                allowed = next((line.split(":", 1)[1].strip() for line in f if line.startswith("Cpus_allowed_list")),
+                               None)
+        except OSError:
+            continue
+        # the name in stat is in parentheses and may hold spaces or ")": fields are counted after the last ")";
+        # there utime and stime are fields 14 and 15 of proc(5), i.e. the 12th and 13th after the name
+        rest = stat[stat.rindex(")") + 2:].split()
+        threads.append({"tid": int(tid), "name": name, "cpu_seconds": (int(rest[11]) + int(rest[12])) / ticks,
+                        "cpus_allowed": allowed})
+    return threads
+
+
+def busy_threads(seconds: float = 1.0, pid: int | None = None) -> list[dict]:
+    """The threads of pid that used the CPU over the next `seconds`, with their share of one core, busiest first.
+    It sleeps: the stats route does not call it."""
+    pid = pid or os.getpid()
+    before = {t["tid"]: t["cpu_seconds"] for t in thread_times(pid)}
+    start = time.monotonic()
+    time.sleep(seconds)
+    after = thread_times(pid)
+    elapsed = time.monotonic() - start
+    busy = [{"tid": t["tid"], "name": t["name"],
+             "core_share": round((t["cpu_seconds"] - before.get(t["tid"], 0.0)) / elapsed, 3)} for t in after]
+    return sorted((b for b in busy if b["core_share"] > 0), key=lambda b: b["core_share"], reverse=True)
+
+
+def torch_threads() -> dict:
+    """torch's view of threads, from this process only (another process's torch cannot be asked)."""
+    import torch  # lazy: the pack's import stays cheap; here torch is wanted (the doctor, a running server)
+
+    info = torch.__config__.parallel_info().splitlines()
+    # what comes before the environment list (counts, OpenMP and MKL versions), and the backend line at its end
+    head = [line.strip() for line in info[:next((i for i, text in enumerate(info) if text.startswith("Environment")),
+                                                 len(info))]]
+    head += [line.strip() for line in info if "parallel backend" in line]
+    seen = []
+    # ATen sets a thread's OpenMP count when that thread first uses it, so a worker thread (ComfyUI's prompt
+    # worker, a background compile) may run with another count than this one: a fresh thread shows which
+    probe = threading.Thread(target=lambda: seen.append(torch.get_num_threads()), name="accel-doctor-probe")
+    probe.start()
+    probe.join()
+    return {"version": torch.__version__, "num_threads": torch.get_num_threads(),
+            "num_interop_threads": torch.get_num_interop_threads(),
+            "num_threads_in_new_thread": seen[0] if seen else None, "parallel_info": [text for text in head if text]}
+
+
+def environment(pid: int) -> dict:
+    if pid == os.getpid():
+        env = dict(os.environ)
+    else:  # another process's: as it started (what it set itself later is not visible), if we may read it
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                pairs = [item.decode(errors="replace").partition("=") for item in f.read().split(b"\0") if item]
+            env = {name: value for name, _, value in pairs}
+        except OSError:
+            return {}
+    return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+
+
+def thread_report(pid: int | None = None) -> dict:
+    """Threads, OpenMP runtimes, affinity and thread settings of this process (or pid), with warnings for the
+    known causes of slow CPU inference. The torch section is this process's only."""
+    own = pid is None or pid == os.getpid()
+    pid = os.getpid() if pid is None else pid
+    # torch first: its import maps libgomp and its probe thread has ended before the threads are listed
+    torch_info = torch_threads() if own else None
+    per_thread = thread_times(pid)
+    allowed = sorted(os.sched_getaffinity(pid)) if hasattr(os, "sched_getaffinity") else None
+    report = {"pid": pid, "openmp_runtimes": openmp_runtimes(pid), "threads": len(per_thread),
+              "per_thread": per_thread, "torch": torch_info,
+              "affinity": {"allowed_cpus": allowed, "cpu_count": os.cpu_count()}, "environment": environment(pid)}
+    report["warnings"] = problems(report)
+    return report
+
+
+def problems(report: dict) -> list[str]:
+    """The report's "warnings": human sentences, each naming the cause and its effect."""
+    said = []
+    runtimes, torch_info, allowed = report["openmp_runtimes"], report["torch"], report["affinity"]["allowed_cpus"]
+    if len(runtimes) > 1:
+        said.append(f"{len(runtimes)} OpenMP runtimes are loaded ({', '.join(runtimes)}): each keeps its own thread "
+                    "pool, and together they can oversubscribe the cores and slow CPU work (pytorch#98836)")
+    if torch_info is None:
+        return said
+    threads = torch_info["num_threads"]
+    if allowed is not None and len(allowed) < threads:
+        said.append(f"torch uses {threads} threads but the process may run on only {len(allowed)} CPUs "
+                    f"(affinity {allowed}): threads share cores and wait on each other (pytorch#125547)")
+    omp = report["environment"].get("OMP_NUM_THREADS")
+    if omp is not None and omp.strip() != str(threads):
+        said.append(f"OMP_NUM_THREADS is {omp!r} but torch uses {threads} threads (torch.set_num_threads changed it, "
+                    "or the variable was set after torch started)")
+    fresh = torch_info["num_threads_in_new_thread"]
+    if fresh is not None and fresh != threads:
+        said.append(f"a new thread's torch thread count is {fresh}, this thread's is {threads}: work run in other "
+                    "threads (ComfyUI's prompt worker) uses a different count")
+    return said

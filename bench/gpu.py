@@ -1,0 +1,335 @@
+"""Every check only a GPU can show, in one command (`make bench-gpu`): on a machine with an NVIDIA GPU, the steps
+of STEPS, each in processes of its own (the existing benchmarks, called with arguments), within one shared time
+budget (10 minutes), written to docs/benchmarks/gpu.md. Without a GPU it says so and exits 0, writing nothing;
+`--dry-run` prints the plan (each step's commands and time budget) on any machine. Exit 1 when a check failed.
+
+    python bench/gpu.py [--dry-run] [--budget 600] [--out docs/benchmarks/gpu.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+sys.path.append(str(ROOT / "tests"))
+
+from families import FAMILIES  # noqa: E402
+from tools.comfy_env import comfyui_dir, comfyui_version  # noqa: E402
+from tools.family_models import FLUX_BENCH  # noqa: E402
+
+NO_GPU = ("no CUDA GPU on this machine: nothing to run (bench/gpu.py checks only what a GPU can show; run it on a "
+          "GPU machine)")
+PY = sys.executable
+# Largest |compiled - eager| over eager's largest value, per dtype ComfyUI picked. Measured on one H100
+# (docs/benchmarks/gpu_h100.md; torch 2.11.0+cu130, ComfyUI 0.3.75): the fp16 families 5e-4 to 4.1e-3 (SDXL
+# always compiled), the bf16 ones 4.6e-3 to 1.5e-2 (Lumina 2): Inductor fuses and reorders half-precision sums.
+TOLERANCE = {"torch.float16": 5e-3, "torch.bfloat16": 2e-2, "torch.float32": 1e-3}  # fp32: the CPU tests' rtol
+# The families run two to a process, the processes at once (errors, not speeds, are their result): one after
+# another, the background children's waits alone summed to 307 s on the H100 (gpu_h100.md), half the budget.
+# Neighbours in tests/families.py share a process: Wan 2.2 reuses Wan 2.1's compiled kind there, as on the H100.
+FAMILIES_PER_PROCESS = 2
+NAMES = [family.name for family in FAMILIES]
+FLUX = ["--latent", "128", "--steps", "8"]  # the benchmark Flux at 1024x1024 pixels, as in gpu_h100.md
+# Loaded/compiled steady step. gpu_h100.md's open problem: 20 ms against 16.3 ms, process-wide (eager in the
+# same process slowed too, so the ratio paired with eager would hide it).
+LOADED_BOUND = 1.10
+DYNAMIC_PROBE = ("import json; from tools.comfy_env import import_comfyui; import_comfyui(cpu=False); from "
+                 "comfy.cli_args import enables_dynamic_vram as on; print('RESULT', json.dumps({'on': bool(on())}))")
+checks: list[tuple[str, str]] = []  # (PASS, FAIL or SKIPPED, what)
+
+
+def check(ok: bool, what: str, state: str | None = None) -> str:
+    checks.append((state or ("PASS" if ok else "FAIL"), what))
+    return f"{checks[-1][0]}: {what}"
+
+
+def f(value, spec: str = ".3g", unit: str = "") -> str:
+    return "" if value is None else format(value, spec) + unit
+
+
+def table(header: str, rows: list[list]) -> list[str]:
+    return [f"| {header.replace(',', ' | ')} |", "| --- " * (header.count(",") + 1) + "|",
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
+
+
+def json_lines(text: str) -> list[dict]:
+    """The JSON objects a benchmark printed one a line (`RESULT {...}`, or a parent's per-variant lines)."""
+    found = []
+    for line in (line.removeprefix("RESULT ").strip() for line in text.splitlines()):
+        if line.startswith("{") and line.endswith("}"):
+            with suppress(ValueError):
+                found.append(json.loads(line))
+    return found
+
+
+def spent(run: dict) -> bool:  # stopped by the budget, not failed: a check it could not make is SKIPPED
+    return bool(run.get("not_run") or run["timed_out"])
+
+
+def failure(run: dict) -> str | None:
+    if run.get("not_run") or run["timed_out"]:
+        return "not run: the step's time was spent" if run.get("not_run") else f"timed out after {run['seconds']:.0f} s"
+    return f"exit {run['rc']}: " + " / ".join(run["stderr"].strip().splitlines()[-3:])[-600:] if run["rc"] else None
+
+
+def models_step(runs: list[dict]) -> list[str]:
+    why = failure(runs[0])
+    return [check(why is None, f"the benchmark Flux {FLUX_BENCH.file_name} is there" + (f" ({why})" if why else "")),
+            *(line for line in runs[0]["stdout"].splitlines() if line.startswith("[models]"))]
+
+
+def doctor_step(runs: list[dict]) -> list[str]:
+    try:  # another change adds the command: until it is there, a note, not a failure
+        r = json.loads(runs[0]["stdout"])
+    except ValueError:
+        return [check(False, "thread diagnostic: `python -m accel doctor --json` is not there yet or failed "
+                             f"({failure(runs[0]) or 'no JSON printed'})", "SKIPPED")]
+    t = r.get("torch") or {}
+    return [f"- {r['threads']} threads on {len(r['affinity']['allowed_cpus'])} of {r['affinity']['cpu_count']} CPUs; "
+            f"OpenMP runtimes: {', '.join(r['openmp_runtimes']) or 'none'}; torch: {t.get('num_threads')} threads, "
+            f"{t.get('num_interop_threads')} inter-op; environment: {r['environment'] or 'no thread settings'}",
+            *(f"- warning: {w}" for w in r["warnings"] or ["none: no known thread problem found"])]
+
+
+def dynamic_vram_step(runs: list[dict]) -> list[str]:
+    if not (found := json_lines(runs[0]["stdout"])):
+        return [check(False, f"dynamic VRAM probe on ComfyUI {comfyui_version()}: {failure(runs[0])}")]
+    return [f"ComfyUI {comfyui_version()}'s `enables_dynamic_vram()`: {found[0]['on']}. The families, Flux and cache "
+            f"steps ran on this ComfyUI, {'so with' if found[0]['on'] else 'but without'} dynamic VRAM."]
+
+
+def families_step(runs: list[dict]) -> list[str]:
+    results = {r["family"]: r for run in runs for r in json_lines(run["stdout"]) if "family" in r}
+    process_of = {name: run for run in runs for name in run["cmd"][run["cmd"].index("--families") + 1].split(",")}
+    rows = []
+    for name in NAMES:
+        if (r := results.get(name)) is None or "failed" in r:  # failed in the script, or its process ended first
+            run = process_of[name]
+            check(False, f"family {name}: {r['failed'][:300] if r else failure(run) or 'no result printed'}",
+                  "SKIPPED" if r is None and spent(run) else "FAIL")
+            rows.append([name, *[""] * 8, f"{checks[-1][0]} (see Checks)"])
+            continue
+        error = max(r[k] for k in ("auto_first_error", "auto_loading_error", "auto_error", "always_error"))
+        tol = TOLERANCE.get(r["dtype"], 0.0)
+        check(error <= tol and r["repeat_compiles"] == 0, f"{name} ({r['dtype']}): largest error {error:.2g} "
+              f"(tolerance {tol:g}), {r['repeat_compiles']} compiles on the repeat, the defaults' first sampling "
+              f"{'equals' if r['auto_first_error'] == 0 else 'differs from'} eager's")
+        paths = ", ".join(f"{k['kind']}={k['path']}" for k in r["auto_kinds"])
+        rows.append([name, r["dtype"].removeprefix("torch."), "x".join(map(str, r["latent"])), f"{error:.2g}",
+                     f"{tol:g}", r["repeat_compiles"], f"{f(r['eager_first_s'])} / {f(r['auto_first_s'])} s",
+                     f(r["background_wait_s"], unit=" s"),
+                     f"{paths} ({', '.join(c['verdict'] for c in r['whole_call_checks'])})", checks[-1][0]])
+    return [*table("family,dtype,latent,largest error,tolerance,compiles on repeat,first sampling: eager / defaults,"
+                   "child's wait,auto mode's paths (verdicts),result", rows),
+            "", f"{len(runs)} processes at once: their samplings and waits share the CPU and the GPU, so they say "
+            "what works and what a compile costs, not a speed."]
+
+
+def flux_step(runs: list[dict]) -> list[str]:
+    saved = ROOT / "bench" / "results" / "compile_flux.json"  # the parent's report: errors against eager, ratios
+    fresh = saved.exists() and saved.stat().st_mtime >= runs[0]["started_at"]
+    report = json.loads(saved.read_text()) if fresh else {"results": json_lines(runs[0]["stdout"])}
+    tol, rows = TOLERANCE["torch.float16"], []  # fp16: ComfyUI's pick for Flux on the H100 (gpu_h100.md)
+    for r in report["results"]:
+        bg, p = r.get("background") or {}, r["paired"]
+        first, steady = r.get("max_rel_error_vs_eager_first"), r.get("max_rel_error_vs_eager_steady")
+        repeats = r["compiles_in_repeated_prompt_length_sweep"] + r["compiles_in_repeated_size_sweep"]
+        rows.append([r["variant"], f(r["cold_first_sample_s"], unit=" s"),
+                     f"{bg['wait_after_first_sampling_s']:.3g} / {bg['loading_sampling_s']:.3g} s" if bg else "",
+                     f(r["steady_s_per_step"] * 1e3, ".1f"), f"{p['s_per_step'] * 1e3:.1f}, "
+                     f"{p['eager_s_per_step'] * 1e3:.1f}, {p['vs_eager']:.3f}",
+                     f(r.get("peak_gpu_allocated_mib"), ".0f", " MiB"), f(r["peak_rss_sampling_mib"], ".0f", " MiB"),
+                     f"{r['compiles_in_prompt_length_sweep']} / {r['compiles_in_size_sweep']}, {repeats}",
+                     f"{f(first, '.2g')} / {f(steady, '.2g')}"])
+        if r["variant"] != "eager" and steady is not None:
+            check(max(first, steady) <= tol and repeats == 0, f"Flux {r['variant']}: error {max(first, steady):.2g} "
+                  f"(fp16 tolerance {tol:g}), {repeats} compiles on the sweeps' repeats")
+    for variant in sorted({"eager", "core", "accel", "accel-compiled"} - {r["variant"] for r in report["results"]}):
+        check(False, f"Flux {variant} did not finish: {failure(runs[0])}", "SKIPPED" if spent(runs[0]) else None)
+    return [*table("variant,cold first sampling,child's wait / loading sampling,steady ms/step,paired with eager: "
+                   "ms/step / eager's / ratio,peak GPU allocated,peak RSS,compiles in prompt-length / size sweeps; "
+                   "on their repeats,error vs eager: first / steady", rows),
+            "", *(f"- {k}: {v:.3g}" for k, v in report.get("ratios", {}).items()),
+            "- GPU kernel time per step: not measured by this script (gpu_h100.md took it with torch.profiler)."]
+
+
+def cache_step(runs: list[dict]) -> list[str]:
+    if not all(results := [json_lines(run["stdout"]) for run in runs]):
+        why = next((failure(run) for run in runs if failure(run)), "no RESULT line")
+        return [check(False, f"the compiling and the loading process: {why}", "SKIPPED" if spent(runs[-1]) else None)]
+    (made,), (loaded,) = results
+    rows = [[label, f(r["cold_first_sample_s"], unit=" s"), r["compiles_first_run"],
+             f(r["steady_s_per_step"] * 1e3, ".1f"), f"{r['paired']['s_per_step'] * 1e3:.1f}, "
+             f"{r['paired']['eager_s_per_step'] * 1e3:.1f}, {r['paired']['vs_eager']:.3f}"]
+            for label, r in (("compiled (empty caches)", made), ("loaded (the first one's caches)", loaded))]
+    steady = loaded["steady_s_per_step"] / made["steady_s_per_step"]
+    paired = loaded["paired"]["vs_eager"] / made["paired"]["vs_eager"]
+    return [*table("process,cold first sampling,compiles in it,steady ms/step,paired: ms/step / eager's / ratio",
+                   rows), "", f"- loaded / compiled: steady step {steady:.3f}, paired with eager {paired:.3f}",
+            "- " + check(steady <= LOADED_BOUND, f"the process that loaded from the cache steps within "
+                         f"{LOADED_BOUND}x of the one that compiled ({steady:.3f}x)")]
+
+
+def comfyui_at_least(version: tuple[int, int]) -> bool:
+    try:
+        return tuple(int(part) for part in comfyui_version().split(".")[:2]) >= version
+    except (OSError, ValueError):  # no ComfyUI set up
+        return False
+
+
+@dataclass
+class Step:
+    name: str
+    title: str
+    budget_s: int  # at most this much of the shared budget
+    commands: Callable[[str], list[list[str]]]  # given a scratch folder; [] when there is nothing to run
+    report: Callable[[list[dict]], list[str]] | None = None  # the commands' outcomes -> the doc's lines
+    note: Callable[[], str] = str  # why nothing runs, when commands gives none
+    parallel: bool = False  # its commands at once
+    shared_cache: bool = False  # its commands share one TORCHINDUCTOR_CACHE_DIR and ACCEL_CACHE_DIR
+
+
+STEPS = [  # cheap steps first: a budget spent by the long ones leaves them done
+    Step("models", "The benchmark Flux's file (generated when missing)", 150, lambda s: [
+        [PY, "tools/make_models.py", "--set", "full", "--only", FLUX_BENCH.file_name]], models_step),
+    Step("doctor", "Thread diagnostic", 30, lambda s: [[PY, "-m", "accel", "doctor", "--json"]], doctor_step),
+    Step("dynamic-vram", "ComfyUI 0.33's dynamic VRAM", 60,
+         lambda s: [[PY, "-c", DYNAMIC_PROBE]] if comfyui_at_least((0, 33)) else [], dynamic_vram_step,
+         note=lambda: f"not measured: ComfyUI {comfyui_version()} at {comfyui_dir()} has no dynamic VRAM; with "
+                      "COMFYUI_DIR at a ComfyUI 0.33 checkout every step runs on it, this one included."),
+    Step("lowvram", "Partial loading (lowvram)", 0, lambda s: [],
+         note=lambda: "not measured by this script yet: bench/compile_flux.py and bench/compile_families.py take no "
+                      "ComfyUI flags (they set only `cpu`), so ComfyUI's `--lowvram` cannot reach them; on the CPU "
+                      "tests/test_compile_flux.py checks a half-loaded Flux's output."),
+    Step("families", "Every family at fp16/bf16 against its tolerance", 240, lambda s: [
+        [PY, "bench/compile_families.py", "--families", ",".join(NAMES[i:i + FAMILIES_PER_PROCESS]), "--scale", "4",
+         "--steps", "4"] for i in range(0, len(NAMES), FAMILIES_PER_PROCESS)], families_step, parallel=True),
+    Step("flux", "The benchmark Flux at 1024x1024", 240, lambda s: [
+        [PY, "bench/compile_flux.py", *FLUX, "--variants", "eager,core,accel,accel-compiled"]], flux_step),
+    Step("cache", "A process that loaded from the cache against one that compiled", 180, lambda s: [
+        [PY, "bench/compile_flux.py", "--child", "accel", *FLUX, "--outputs", s]] * 2, cache_step, shared_cache=True),
+]
+
+
+def run_step(step: Step, end: float) -> list[dict]:
+    """The step's commands, one after another or at once, each in a session of its own that is killed whole (its
+    compile workers, background children) when it ends or at `end`; output goes to files (a full pipe would
+    stall a process nobody reads yet)."""
+    with tempfile.TemporaryDirectory(prefix=f"accel-gpu-{step.name}-") as scratch:
+        env = dict(os.environ)
+        if step.shared_cache:
+            env |= {"TORCHINDUCTOR_CACHE_DIR": f"{scratch}/torch", "ACCEL_CACHE_DIR": f"{scratch}/accel"}
+
+        def launch(number: int, cmd: list[str]) -> dict:
+            files = [open(f"{scratch}/{number}.{kind}", "w+") for kind in ("out", "err")]  # noqa: SIM115
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, start_new_session=True, stdout=files[0],
+                                    stderr=files[1])
+            return {"cmd": cmd, "shown": show(cmd, step, scratch), "proc": proc, "files": files,
+                    "start": time.monotonic(), "started_at": time.time()}
+
+        def finish(run: dict) -> dict:
+            proc, run["timed_out"] = run.pop("proc"), False
+            try:
+                proc.wait(timeout=max(1.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                run["timed_out"] = True
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            for name, file in zip(("stdout", "stderr"), run.pop("files")):
+                file.seek(0)
+                run[name] = file.read()
+                file.close()
+            return run | {"rc": proc.wait(), "seconds": time.monotonic() - run["start"]}
+
+        commands = step.commands(scratch)
+        if step.parallel:
+            return [finish(run) for run in [launch(n, cmd) for n, cmd in enumerate(commands)]]
+        return [finish(launch(n, cmd)) if time.monotonic() < end else
+                {"cmd": cmd, "shown": show(cmd, step, scratch), "not_run": True, "stdout": ""}
+                for n, cmd in enumerate(commands)]
+
+
+def show(cmd: list[str], step: Step, scratch: str) -> str:
+    cache = "TORCHINDUCTOR_CACHE_DIR=$SCRATCH/torch ACCEL_CACHE_DIR=$SCRATCH/accel " if step.shared_cache else ""
+    return cache + shlex.join(["python", *cmd[1:]]).replace(scratch, "$SCRATCH")
+
+
+def machine() -> list[str]:
+    import torch
+
+    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    try:
+        gpu = subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        gpu = f"{torch.cuda.get_device_name()} (no nvidia-smi: driver unknown)"
+    try:
+        import triton
+    except ImportError:
+        triton = None
+    return [f"- **Machine:** {gpu} (name, driver, memory); {os.cpu_count()} CPU cores "
+            f"({len(os.sched_getaffinity(0))} usable), {platform.machine()}",
+            f"- **Versions:** Python {platform.python_version()}, torch {torch.__version__} (CUDA "
+            f"{torch.version.cuda}), triton {getattr(triton, '__version__', 'not installed')}, ComfyUI "
+            f"{comfyui_version()} ({comfyui_dir()})"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    parser.add_argument("--budget", type=float, default=600.0, help="seconds for every step together")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "gpu.md")
+    args = parser.parse_args()
+    import torch
+
+    gpu = torch.cuda.is_available()
+    if args.dry_run or not gpu:
+        print(f"dry run ({'a' if gpu else 'no'} CUDA GPU here): nothing runs" if args.dry_run else NO_GPU)
+        print(f"The checks it would run ({args.budget:.0f} s in all, each step at most its own budget):")
+        for number, step in enumerate(STEPS, 1):
+            commands = step.commands("/scratch")
+            what = f"budget {step.budget_s} s{', its processes at once' * step.parallel}" if commands else "a note"
+            print(f"{number}. {step.name}: {step.title} ({what})")
+            details = [f"$ {show(cmd, step, '/scratch')}" for cmd in commands] or [f"note: {step.note()}"]
+            print("".join(f"   {line}\n" for line in details) if args.dry_run else "", end="")
+        return 0
+    began, doc = time.monotonic(), []
+    for number, step in enumerate(STEPS, 1):
+        doc += ["", f"## {number}. {step.title}"]
+        left = began + args.budget - time.monotonic()
+        if not step.commands("/scratch"):
+            doc.append(check(False, f"{step.title}: {step.note()}", "SKIPPED"))
+        elif left < min(20, step.budget_s):
+            doc.append(check(False, f"{step.title}: the {args.budget:.0f} s budget was spent ({left:.0f} s left)",
+                             "SKIPPED"))
+        else:
+            print(f"[gpu] {number}. {step.title} (at most {min(step.budget_s, left):.0f} s)", flush=True)
+            start = time.monotonic()
+            runs = run_step(step, start + min(step.budget_s, left))
+            shown = list(dict.fromkeys(run["shown"] for run in runs))
+            doc += [f"{len(runs)} process(es), {time.monotonic() - start:.0f} s (budget {step.budget_s} s): "
+                    + ", ".join(f"`{command}`" for command in shown) + ("" if len(shown) == len(runs) else ", twice"),
+                    "", *step.report(runs)]
+    head = [f"# GPU checks: `make bench-gpu` (bench/gpu.py), {time.strftime('%Y-%m-%d')}", "",
+            f"Every check only a GPU can show, each step in processes of its own, within one {args.budget:.0f} s "
+            f"budget (this run: {time.monotonic() - began:.0f} s). One run: every time is a single measurement.",
+            "", "## Setup", *machine(), "", "## Checks", *(f"- {state}: {what}" for state, what in checks)]
+    args.out.write_text("\n".join(head + doc) + "\n")
+    print("\n".join(f"{state}: {what}" for state, what in checks) + f"\nwrote {args.out}")
+    return 1 if any(state == "FAIL" for state, _ in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
