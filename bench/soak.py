@@ -2,8 +2,9 @@
 configurations of tests/soak_prompts.py (sizes, batch sizes, cfg 1 and cfg > 1, DeepCache on/off at two intervals,
 LoRA strengths, Swap Weights to another checkpoint and back, Compile Model on/off, KSampler and KSamplerAdvanced,
 the small SD1.5 UNet and the generated SD3 transformer) in six passes of shuffled order, each prompt compared with
-the same prompt run alone and eagerly in a fresh server (ACCEL_DISABLE_COMPILE=1, each prompt twice there: the
-second is the eager time a prompt is compared with). The first pass is the warm-up: each of its prompts waits for
+the same prompt run alone and eagerly in a fresh server (ACCEL_DISABLE_COMPILE=1), and timed against the same
+order of prompts in a server without Compile Model (ACCEL_DISABLE_COMPILE=1: the same model switches before each;
+ComfyUI's own execution timestamps, to the millisecond). The first pass is the warm-up: each of its prompts waits for
 its background compile. Writes docs/benchmarks/soak.md (or --out): per prompt, its time against the eager
 server's, the compiles made in its path (the pack's own count of compiles a prompt waited for), its largest
 difference from the fresh run and the server's RSS after it; the cold compiles after the first pass; the RSS
@@ -27,6 +28,16 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 PROMPTS = 30
 
 
+def timed_latent(server, prompt, prefix: str):
+    """Run `prompt`; its latent, and the seconds ComfyUI took to execute it (from its own execution_start and
+    execution_success timestamps: polling /history would round to its 0.25 s period)."""
+    from soak_prompts import graph_of, saved_latent
+
+    entry = server.run_workflow(graph_of(prompt, prefix), timeout=900)
+    stamps = {name: data["timestamp"] for name, data in entry["status"]["messages"]}
+    return saved_latent(server, prefix), (stamps["execution_success"] - stamps["execution_start"]) / 1000
+
+
 def compiles_in_prompts(server) -> int:
     """How many compiles (or loads) so far made a prompt wait: the pack counts each ("compiling_now" events)."""
     return server.get_json("/accel/stats")["counters"].get("compile_model.compiling_now", 0)
@@ -40,7 +51,7 @@ def main() -> None:
 
     import torch
     from deepcache_speed import machine
-    from soak_prompts import CONFIGS, EAGER, cold_compiles, rss_mb, run_latent, server_of, wait_for_background
+    from soak_prompts import CONFIGS, EAGER, cold_compiles, rss_mb, server_of, wait_for_background
     from tools.comfy_env import comfyui_version
 
     order, rng = [], random.Random(args.seed)
@@ -58,21 +69,22 @@ def main() -> None:
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        references, eager_seconds = {}, {}
+        references = {}
         for i, prompt in enumerate(CONFIGS):
             with server_of(tmp / f"fresh-{i}", EAGER) as fresh:
-                references[prompt] = run_latent(fresh, prompt, f"fresh-{i}")
-                start = time.perf_counter()
-                run_latent(fresh, prompt, f"fresh-again-{i}")  # warm: the time a prompt takes without the pack
-                eager_seconds[prompt] = time.perf_counter() - start
+                references[prompt], _ = timed_latent(fresh, prompt, f"fresh-{i}")
+        # The same order in a server where Compile Model is off (ACCEL_DISABLE_COMPILE=1; DeepCache and Swap Weights
+        # act as in the mixed run): each prompt's time there, with the same model switches before it.
+        eager_seconds = []
+        with server_of(tmp / "eager-mixed", EAGER) as eager:
+            for n, index in enumerate(order):
+                eager_seconds.append(timed_latent(eager, CONFIGS[index], f"eager-{n}")[1])
         rows = []
         with server_of(tmp / "mixed") as mixed:
             for n, index in enumerate(order):
                 prompt = CONFIGS[index]
                 waited_before = compiles_in_prompts(mixed)
-                start = time.perf_counter()
-                out = run_latent(mixed, prompt, f"mixed-{n}")
-                seconds = time.perf_counter() - start
+                out, seconds = timed_latent(mixed, prompt, f"mixed-{n}")
                 in_prompt = compiles_in_prompts(mixed) - waited_before
                 if n < warm_up:  # as a worker warms up: each compile done before the next prompt comes
                     wait_for_background(mixed)
@@ -81,7 +93,7 @@ def main() -> None:
                 reference = references[prompt]
                 diff = (out - reference).abs().max().item() / max(reference.abs().max().item(), 1.0)
                 rows.append((n + 1, prompt, seconds, diff, torch.equal(out, reference), rss_mb(mixed),
-                             seconds / eager_seconds[prompt], in_prompt))
+                             seconds / eager_seconds[n], in_prompt))
             cold_after = sum(cold_compiles(mixed).values())
 
     lines = [
@@ -95,10 +107,10 @@ def main() -> None:
         "| # | configuration | seconds | eager server's | ratio | compiles in the prompt | max rel diff vs fresh "
         "| bit-equal | RSS MB |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        *[f"| {n} | {p.name} | {s:.2f} | {eager_seconds[p]:.2f} | {ratio:.2f}x | {waits} | {d:.2e} | "
+        *[f"| {n} | {p.name} | {s:.2f} | {eager_seconds[n - 1]:.2f} | {ratio:.2f}x | {waits} | {d:.2e} | "
           f"{'yes' if eq else 'no'} | {rss:.0f} |" for n, p, s, d, eq, rss, ratio, waits in rows],
         "",
-        f"- Prompts over 1.3x the eager server's time for the same prompt: "
+        f"- Prompts over 1.3x the same prompt's time in the server without Compile Model (same order): "
         f"{sum(r[6] > 1.3 for r in rows)} of {len(rows)} "
         f"({', '.join(f'#{r[0]} {r[6]:.2f}x' for r in rows if r[6] > 1.3) or 'none'}); the largest ratio after the "
         f"warm-up pass: {max(r[6] for r in rows[warm_up:]):.2f}x.",

@@ -36,6 +36,7 @@ from typing import Any
 from ... import telemetry
 from .activity import ACTIVITY
 from .idle_gate import IDLE_GATE
+from .openmp import release_this_threads_pool
 from .state import BackgroundState
 
 log = logging.getLogger("comfyui_accel")
@@ -139,7 +140,9 @@ class Preloader:
                 self._changed.wait_for(lambda: not self._asked and not self._ready and self._loading is None)
 
     def _serve(self) -> None:
-        """The preload thread: never ends (see the module's docstring)."""
+        """The preload thread: never ends (see the module's docstring). Its replays run compiled CPU kernels, which
+        give it an OpenMP pool of its own; it gives that back whenever it stops (openmp.py), or the pool would slow
+        every parallel region of the sampler's thread."""
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: self._asked)
@@ -148,10 +151,12 @@ class Preloader:
                 with self._changed:
                     if not self._ready:
                         self._force = False
+                        release_this_threads_pool()  # before anyone waiting for the preload samples
                         self._changed.notify_all()
                         break
                     if not self._force and IDLE_GATE.sampling:
                         IDLE_GATE.when_idle(self.run)
+                        release_this_threads_pool()
                         self._changed.notify_all()
                         break
                     replay = self._loading = self._ready.pop(0)
