@@ -9,7 +9,10 @@ step, compiles on the repeat, each output's largest error relative to eager's la
 mode chose for each kind. The models are tiny: the timings say what compiling costs, not what it buys on a real
 model (bench/compile_flux.py measures that at full width).
 
-    python bench/compile_families.py [--families flux,wan21] [--steps 4] [--scale 2]
+    python bench/compile_families.py [--families flux,wan21] [--steps 4] [--scale 2] [--rounds 5 --core]
+
+With --rounds, the process then samples eager, the defaults, always compiled (and with --core ComfyUI's own
+TorchCompileModel) in turn, round after round, for steady speeds that the machine's drift cannot tilt.
 """
 from __future__ import annotations
 
@@ -52,7 +55,30 @@ def rel_error(out, reference) -> float:
     return ((out.float() - reference.float()).abs().max() / reference.float().abs().max().clamp_min(1e-12)).item()
 
 
-def run_family(engine, nodes, family, steps: int, shape) -> dict:
+def core_compiled(model):
+    """ComfyUI's own TorchCompileModel on `model`, compiled by its first sampling (in the warm-up below)."""
+    from comfy_extras.nodes_torch_compile import TorchCompileModel
+
+    return TorchCompileModel.execute(model, "inductor").result[0]
+
+
+def interleaved(variants: dict, family, steps: int, shape, rounds: int) -> dict:
+    """Steady seconds per step of each variant, sampled in turn round after round in this one process (so the
+    machine's drift falls on all of them), after one warm-up sampling each; medians, and each one's speed
+    against the best of the others and against eager."""
+    for model in variants.values():
+        timed_sampling(model, family, steps, shape)
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, model in variants.items():
+            times[name] += timed_sampling(model, family, steps, shape)[2][1:]  # the first step also loads
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    return {"rounds": rounds, "s_per_step": medians,
+            "speed_vs_eager": {name: medians["eager"] / m for name, m in medians.items()},
+            "defaults_vs_best": min(medians.values()) / medians["defaults"]}
+
+
+def run_family(engine, nodes, family, steps: int, shape, rounds: int = 0, core: bool = False) -> dict:
     from torch._dynamo.utils import counters
 
     (model,) = nodes.UNETLoader().load_unet(family.file_name, "default")
@@ -89,6 +115,10 @@ def run_family(engine, nodes, family, steps: int, shape) -> dict:
     result["always_s_per_step"] = statistics.median(times[1:] or times)
     result["always_error"] = rel_error(out, eager)
 
+    if rounds:
+        result["interleaved"] = interleaved({"eager": model, "defaults": auto, "always compiled": always,
+                                             **({"core": core_compiled(model)} if core else {})},
+                                            family, steps, shape, rounds)
     records = engine.model_record._states[model.model.diffusion_model].records
     kinds = {e.key: e.stats() for (_, options, _), record in records.items() if options.choose == "auto"
              for e in record.entries}
@@ -104,6 +134,9 @@ def main() -> None:
     parser.add_argument("--families", help="comma-separated names (default: every family)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--scale", type=int, default=1, help="latent height and width times this")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="then this many interleaved rounds of eager, the defaults and always compiled")
+    parser.add_argument("--core", action="store_true", help="with --rounds: core TorchCompileModel too")
     args = parser.parse_args()
 
     cache = tempfile.mkdtemp(prefix="accel-bench-families-")
@@ -125,7 +158,8 @@ def main() -> None:
         if family.name not in wanted:
             continue
         try:
-            results.append(run_family(engine, nodes, family, args.steps, scaled(family.latent_shape, args.scale)))
+            results.append(run_family(engine, nodes, family, args.steps, scaled(family.latent_shape, args.scale),
+                                      args.rounds, args.core))
         except Exception as error:  # one family's failure is a result too; the others still run
             results.append({"family": family.name, "failed": f"{type(error).__name__}: {error}"[:2000]})
         print(json.dumps(results[-1]), flush=True)
@@ -144,6 +178,11 @@ def print_table(results: list[dict]) -> None:
             continue
         print(" | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in columns))
         print("    auto paths: " + ", ".join(f"{k['kind']}={k['path']}" for k in r["auto_kinds"]))
+        if "interleaved" in r:
+            steady = r["interleaved"]
+            print(f"    interleaved ({steady['rounds']} rounds), x eager: " + ", ".join(
+                f"{name} {speed:.3f}" for name, speed in steady["speed_vs_eager"].items()) +
+                f"; the defaults at {steady['defaults_vs_best']:.3f}x the best")
 
 
 if __name__ == "__main__":
