@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from .attention import compiled_block_options
 from .auto_mode import CallMode, CallPlan
 from .background import ACTIVITY, Capture, preload
 from .background.preload import MAX_NOTED_CALLS, PRELOADER
 from .background.state import BackgroundState
 from .blocks import BlockSite, block_safe_options, whole_model_safe_options
-from .kinds import WOULD_COMPILE, KindEntry, input_signature, wait_for_device
+from .kinds import WOULD_COMPILE, KindEntry, input_signature, tensor_shapes, wait_for_device
 
 PATCHED = "another node patched the attention or the UNet"
 IN_BACKGROUND = "compiling in the background"
@@ -34,7 +32,7 @@ def run_on_chosen_path(entry: KindEntry, block, args: tuple, kwargs: dict, devic
         return run_compiled()
     if choice.path == "eager" or entry.failure:
         return entry.run_eager(block, args, kwargs, entry.reason)
-    shape = tuple(tuple(v.shape) for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+    shape = tensor_shapes(args, kwargs)
     side, seconds, window = choice.next_side(shape), {}, ACTIVITY.window()
     if side == "compiled":
         out = timed(run_compiled, seconds, side, device_type)

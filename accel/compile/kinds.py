@@ -128,6 +128,11 @@ def input_signature(args: tuple, kwargs: dict) -> tuple:
             tuple((k, describe(v)) for k, v in kwargs.items()))
 
 
+def tensor_shapes(args: tuple, kwargs: dict) -> tuple:
+    """The shapes of a call's tensor inputs, in order: what a kind's timing and its dynamic marks compare."""
+    return tuple(tuple(t.shape) for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+
+
 def _call_variant(args: tuple, kwargs: dict) -> tuple:
     """A call's inputs apart from their sizes: which are tensors (their rank and whether contiguous) or None."""
     def describe(value):
@@ -264,7 +269,7 @@ class KindEntry:
             return False
         if _call_variant(args, kwargs) not in self.call_variants or self.options.dynamic == "static":
             return True
-        shapes = tuple(tuple(t.shape) for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+        shapes = tensor_shapes(args, kwargs)
         return shapes != self.first_shapes and bool(_varying_dims(shapes, self.first_shapes) - self.dynamic_dims)
 
     # -- calls -----------------------------------------------------------------------------------
