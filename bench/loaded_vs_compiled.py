@@ -3,10 +3,10 @@ that compiled them itself?
 
 Each round runs two fresh processes on one empty cache: "compiled" compiles every kind in its prompt thread
 (choose=always compiled, so both processes run the very same graphs); "loaded" starts on that cache with the
-defaults, so everything the pack does in a restarted ComfyUI runs (inductor's CPU checks in their thread, kinds
-found in the cache loaded between prompts by the preload thread), then samples through an "always compiled"
-clone (same kinds, same graphs, nothing compiled). Both then time steady samplings and, in the prompt thread, a
-sampler-sized `torch.cat` and `fill_` (1x77x4096 floats: the CPU-side ops that took 4-6 ms in the slow loaded
+defaults, so everything the pack does in a restarted ComfyUI runs (inductor's CPU checks in their thread, a child
+saving each kind whole from torch's caches, its precompiled functions loaded: compile/precompiled.py), then
+samples through an "always compiled" clone (same kinds, the precompiled graphs, no Dynamo). Both then time
+steady samplings and, in the prompt thread, a sampler-sized `torch.cat` and `fill_` (1x77x4096 floats: the CPU-side ops that took 4-6 ms in the slow loaded
 processes of the one GPU run, docs/benchmarks/gpu_h100.md), and report the thread diagnostic
 (`python -m accel doctor`'s). Rounds interleave the two, so the machine's drift falls on both; medians per side.
 
@@ -78,7 +78,8 @@ def run_process(side: str, model_name: str, steps: int, latent: int, samplings: 
             "cat_us": small_op_us(lambda: torch.cat([a, b])), "fill_us": small_op_us(lambda: filled.fill_(0.5)),
             "threads": importlib.import_module(pack.__name__ + ".diagnostics").thread_report(),
             "background": {k: v for k, v in engine.REGISTRY.stats()["background"].items()
-                           if k in ("cpu_checks", "preload", "finished")}}
+                           if k in ("cpu_checks", "finished")},
+            "precompiled_calls": sum(k["precompiled"]["calls"] for k in engine.REGISTRY.stats()["kinds"])}
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ that loads it, and one more. Auto mode's margins are set so compiled paths are k
 measures: what is tested is where compiles happen, not which path is faster here. After each sampling the
 probe sleeps until work held for an idle moment has started, as a server waits between prompts (idle_gate.py).
 Prints one JSON line: Dynamo frames and torch's on-disk cache counters around each sampling and each wait for
-the children (where CPU kinds load their graphs: preload.py), the outputs' largest difference from eager, and
+the children, the outputs' largest difference from eager, and
 the registry's stats.
 """
 from __future__ import annotations

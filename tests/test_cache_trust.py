@@ -93,6 +93,26 @@ def test_an_artifact_others_can_write_is_not_loaded_nor_deleted(store, tmp_path,
                for r in caplog.records), caplog.text
 
 
+def test_precompiled_functions_load_only_when_they_verify(store, tmp_path, caplog):
+    """Precompiled functions are code (torch unpickles them): one others can write is refused with a warning and
+    left where it is; a damaged one is skipped and deleted; an intact owner-only one is handed over."""
+    env = store.EnvironmentCache(tmp_path / "cache", "cpu")
+    assert env.check_usable(), env.problem
+    meta = {"format": 1, "context": "c"}
+    for name in ("a" * 20, "b" * 20, "c" * 20):
+        env.save_precompiled("somekey", name, f"function {name[0]}".encode(), "a kind", {**meta, "name": name})
+    folder = env.artifacts_dir / "somekey" / store.PRECOMPILED_DIR
+    os.chmod(folder / f"{'a' * 20}.bin", 0o666)
+    damaged = folder / f"{'b' * 20}.bin"
+    damaged.write_bytes(damaged.read_bytes()[:-3])
+    with caplog.at_level(logging.WARNING, logger="comfyui_accel"):
+        found = env.precompiled_files("somekey")
+    assert [payload for _, payload in found] == [b"function c"], found
+    assert (folder / f"{'a' * 20}.bin").exists() and not damaged.exists()
+    assert env.stats["artifacts_skipped_untrusted"] == 1 and env.stats["artifacts_skipped_corrupt"] == 1
+    assert any("writable by group or others" in r.getMessage() for r in caplog.records), caplog.text
+
+
 def test_job_folders_of_ended_processes_are_swept(accel_pack, tmp_path):
     """A ComfyUI killed while its background child compiled leaves the job's folder in the cache; the next
     process's first job deletes the folders of processes that are gone, and only those."""

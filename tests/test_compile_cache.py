@@ -137,11 +137,9 @@ def test_damaged_torch_files_are_set_aside_and_rebuilt_from_the_artifacts(shared
 
 def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_path, monkeypatch, accel_pack):
     """`python -m accel precompile` at a size no process sampled, then a new ComfyUI server runs a workflow at
-    that size: every graph it compiles comes from the cache (no miss, hits for every compile). On a CPU with few
-    cores its first prompt loads nothing: the kinds found in the cache run eagerly until inductor's per-process
-    CPU checks ran in a thread once the server was idle (background/cpu_checks.py); then, still between prompts,
-    the kinds load from their first calls' input layouts (background/preload.py), and the next prompt compiles
-    nothing."""
+    that size: its first prompt runs eagerly while a child saves each kind whole (precompiled.py), every graph
+    from what precompile left in torch's caches (no cold graph); the next prompt is served by those precompiled
+    functions: the server itself never runs Dynamo."""
     width, height = PRECOMPILED
     env = {**os.environ, "ACCEL_CACHE_DIR": str(shared["dir"]), "COMFYUI_DIR": str(comfyui_dir())}
     proc = subprocess.run([sys.executable, "-m", "accel", "precompile", "--model", "accel-sd15-small.safetensors",
@@ -159,28 +157,18 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(shared["dir"]))
     with ComfyServer(tmp_path / "server") as server:
         server.run_workflow(graph)
-        first = server.get_json("/accel/stats")["compile"]
-        if accel_pack.accel.compile.background.hold_until_idle("cpu"):
-            assert first["totals"]["compiles"] == 0, f"the first prompt waited for the CPU checks: {first['totals']}"
-            assert {k["background"]["state"] for k in first["kinds"]} <= {
-                "in the cache, loads after the CPU checks", "not needed"}, first["kinds"]
         deadline = time.monotonic() + 300
         while (background := server.get_json("/accel/stats")["compile"]["background"])["busy"]:
-            assert time.monotonic() < deadline, f"the CPU checks or the preload did not finish: {background}"
+            assert time.monotonic() < deadline, f"the background work did not finish: {background}"
             time.sleep(1)
-        assert background["cpu_checks"]["state"] == "done", background["cpu_checks"]
-        preloaded = server.get_json("/accel/stats")["compile"]["totals"]
         graph["8"]["inputs"]["seed"] += 1  # another prompt (the same one would run nothing)
         server.run_workflow(graph)
-        totals = server.get_json("/accel/stats")["compile"]["totals"]
-    if accel_pack.accel.compile.background.preload.enabled("cpu"):
-        awaiting = {k["kind"] for k in first["kinds"]
-                    if k["background"]["state"] == "in the cache, loads after the CPU checks"}
-        assert awaiting and {k["kind"] for k in background["preload"]["loaded"]} == awaiting, background
-        assert totals["compiles"] == preloaded["compiles"], f"the prompt after the preload compiled: {totals}"
-    assert totals["compiles"] > 0, totals
-    assert totals["disk_cache"].get("fx_graph_misses", 0) == 0, f"a cold compile after precompile: {totals}"
-    assert totals["disk_cache"].get("fx_graph_hits", 0) == totals["compiles"], totals
+        stats = server.get_json("/accel/stats")["compile"]
+    jobs = background["finished"]
+    assert jobs and all(not j["failed"] and j["cold_graphs"] == 0 for j in jobs), jobs
+    assert stats["totals"]["compiles"] == 0, f"the server ran Dynamo: {stats['totals']}"
+    served = [k for k in stats["kinds"] if k["precompiled"]["calls"]]
+    assert served and all(k["background"]["state"] == "done" for k in served), stats["kinds"]
 
 
 def test_export_and_import_move_the_cache(shared, tmp_path):

@@ -363,12 +363,10 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
     """choose="auto" in a new install (an empty compile cache, in a fresh process): the first sampling compiles
     nothing in the sampling process and equals eager (to its last bits), while a child process compiles the kinds;
     a model with other options sampled meanwhile queues its kinds for a second child. Once the children are done,
-    every one of their graphs loads from the persistent cache (torch's own hit counters, no miss: the children
-    compiled what this process asks for): on the CPU before the next sampling, between prompts (preload.py),
-    elsewhere in it; later samplings compile nothing. A new input
-    shape (longer prompt, wider latent) goes the same way: eager while a child compiles it, then loaded, then
-    free. Outputs stay within the compiled tolerance of eager. The three jobs go to one child, which waits for
-    the next."""
+    every one of their graphs loads whole, as a precompiled function: this process never runs Dynamo (its frame
+    counter stays at 0 from start to end). A new input shape (longer prompt, wider latent) goes the same way:
+    eager while a child compiles it, then served by its precompiled graph. Outputs stay within the compiled
+    tolerance of eager. The three jobs go to one child, which waits for the next."""
     env = {**os.environ, "ACCEL_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, str(BACKGROUND_PROBE)], capture_output=True, text=True, env=env,
                           timeout=1200)
@@ -407,37 +405,30 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
     for kind in kinds:  # kinds too small to matter were never sent to a child
         if kind["background"]["state"] != "done":
             assert kind["path"] == "eager" and "not worth compiling" in kind["reason"], kind
-    # The children's graphs load from the persistent cache (hits only): on the CPU while the process waits for
-    # them, between prompts (preload.py), so the samplings after compile nothing; elsewhere in those samplings.
-    preloads = engine.background.preload.enabled("cpu")
-    loads = [result["wait_counters"]] if preloads else [after_child, other_after]
-    for loading in loads:
-        assert loading["frames"] >= len(jobs[0]["kinds"]), loading
-        assert loading["fx_graph_hits"] == loading["frames"] and loading["fx_graph_misses"] == 0, loading
-    if preloads:
-        assert after_child["frames"] == other_after["frames"] == 0, "a sampling after the preload compiled"
-        loaded = result["stats"]["background"]["preload"]["loaded"]
-        assert sorted(k["kind"] for k in loaded) == sorted(jobs[0]["kinds"] + jobs[1]["kinds"]), loaded
-    assert warm["frames"] == 0, "a sampling after the graphs were loaded compiled again"
+    # The children's graphs load whole, as precompiled functions (precompiled.py): no Dynamo frame in this process,
+    # ever, and every kind's calls served by them once its child is done.
+    for sampling in (after_child, warm, other_after, result["wait_counters"]):
+        assert sampling.get("frames") == 0, f"Dynamo traced in this process: {sampling}"
+    for kind in kinds:
+        if kind["background"]["state"] == "done":
+            assert "precompiled" in kind["background"]["reason"], kind["background"]
+            assert kind["precompiled"]["functions"] >= 1 and kind["precompiled"]["calls"] > 0, kind
     for sampling in (after_child, warm, other_after):
         assert sampling["max_abs_diff"] <= 2e-5 * sampling["eager_max_abs"], sampling
 
     # A new shape of the compiled kind (a longer prompt, a wider latent) compiles off the prompt's path too:
-    # eagerly (equal to eager) while a third child compiles it, then loaded from the cache, then nothing.
+    # eagerly (equal to eager) while a third child compiles it, then its precompiled graph serves it.
     new_while, new_after, new_warm = result["samplings"][5:]
-    assert new_while["frames"] == 0, "a new shape compiled in the sampling process"
     assert ran_eagerly(new_while), f"a new shape's blocks did not run eagerly while compiling: {new_while}"
     assert result["new_shape_waited"], "the new shape's background compile did not finish"
     new_jobs = result["new_shape_stats"]["background"]["finished"][2:]
     assert len(new_jobs) == 1 and new_jobs[0]["returncode"] == 0 and not new_jobs[0]["failed"], new_jobs
     every_job = result["new_shape_stats"]["background"]["finished"]
     assert len({j["pid"] for j in every_job}) == 1, f"the jobs did not share one waiting child: {every_job}"
-    new_load = result["new_shape_wait_counters"] if preloads else new_after
-    assert new_load["frames"] >= 1, new_load
-    assert new_load["fx_graph_hits"] == new_load["frames"] and new_load["fx_graph_misses"] == 0, new_load
-    if preloads:
-        assert new_after["frames"] == 0, "the sampling after the new shape's preload compiled"
-    assert new_warm["frames"] == 0, "the new shape compiled again after its graph was loaded"
+    for sampling in (new_while, new_after, new_warm, result["new_shape_wait_counters"]):
+        assert sampling["frames"] == 0, f"Dynamo traced in this process: {sampling}"
+    new_kind = next(k for k in result["new_shape_stats"]["kinds"] if "new input shape" in k["background"]["reason"])
+    assert new_kind["precompiled"]["functions"] >= 2, new_kind  # the first shape's graph and the new one's
     for sampling in (new_after, new_warm):
         assert sampling["max_abs_diff"] <= 2e-5 * sampling["eager_max_abs"], sampling
 
@@ -547,10 +538,9 @@ def test_compile_vae_defaults_compile_off_the_first_decode(engine, tmp_path):
     """Compile VAE with its defaults in a new install (an empty compile cache, a fresh process): the first decode
     compiles nothing in the process and equals eager, while the background child compiles the VAE's kind (on a
     CPU with few cores the child starts once the process is idle after the decode, not beside it); the child's
-    graphs load from the persistent cache (torch's hit counters, no miss; on the CPU between decodes, while the
-    process waits for the child), and the decodes after it stay within the compiled tolerance of eager. Then a
-    restart (a new process on that cache): no child, the first decode again eager (on the CPU the kind waits for
-    inductor's CPU checks, run in a thread), then loaded."""
+    graphs load whole, as precompiled functions (no Dynamo frame in this process), and the decodes after it stay
+    within the compiled tolerance of eager. Then a restart (a new process on that cache): no child, the first
+    decode again eager (on the CPU the kind waits for inductor's CPU checks, run in a thread), then loaded whole."""
     env = {**os.environ, "ACCEL_CACHE_DIR": str(tmp_path / "cache")}
 
     def run_probe() -> dict:
@@ -559,14 +549,13 @@ def test_compile_vae_defaults_compile_off_the_first_decode(engine, tmp_path):
         assert proc.returncode == 0, proc.stderr[-4000:]
         return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
-    def assert_loaded_then_warm(later: list[dict], wait: dict | None = None) -> None:
-        loads = [wait, *later] if wait else later
-        loaded = sum(d["frames"] for d in loads)
-        assert loaded >= 1 and sum(d["fx_graph_hits"] for d in loads) == loaded, loads
-        assert sum(d["fx_graph_misses"] for d in loads) == 0, loads
-        assert later[-1]["frames"] == 0, "a decode after the graphs were loaded compiled again"
+    def assert_loaded_whole(later: list[dict], wait: dict, kinds: list[dict]) -> None:
+        """The child's graphs served as precompiled functions: no Dynamo frame in this process."""
+        for decode in (wait, *later):
+            assert decode["frames"] == 0, f"Dynamo traced in the prompt's process: {decode}"
         for decode in later:
             assert decode["max_abs_diff"] <= 2e-5 * decode["eager_max_abs"], decode
+        assert all(k["precompiled"]["calls"] >= 1 for k in kinds), kinds  # (auto mode times one decode eagerly)
 
     result = run_probe()
     first, *later = result["decodes"]
@@ -578,9 +567,7 @@ def test_compile_vae_defaults_compile_off_the_first_decode(engine, tmp_path):
     assert result["waited"], "the background compile did not finish"
     assert len(result["jobs"]) == 1 and result["jobs"][0]["returncode"] == 0 and not result["jobs"][0]["failed"]
     assert [k["background"]["state"] for k in result["kinds"]] == ["done"], result["kinds"]
-    assert_loaded_then_warm(later, result["wait_counters"])
-    if engine.background.preload.enabled("cpu"):  # loaded while the process waited, between prompts
-        assert result["wait_counters"]["frames"] >= 1 and later[0]["frames"] == 0, (result["wait_counters"], later)
+    assert_loaded_whole(later, result["wait_counters"], result["kinds"])
 
     restart = run_probe()
     first, *later = restart["decodes"]
@@ -588,4 +575,4 @@ def test_compile_vae_defaults_compile_off_the_first_decode(engine, tmp_path):
     assert first["frames"] == 0 and first["max_abs_diff"] <= 1e-5 * first["eager_max_abs"], first
     (kind,) = restart["kinds"]
     assert kind["background"]["state"] == "not needed" and "CPU checks" in kind["background"]["reason"], kind
-    assert_loaded_then_warm(later, restart["wait_counters"])
+    assert_loaded_whole(later, restart["wait_counters"], restart["kinds"])

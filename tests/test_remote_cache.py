@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager
-from soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of
+from soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of, wait_for_background
 from tools.redis_server import RedisServer
 
 SECRET = "fleet-secret-0123456789abcdef"
@@ -38,6 +38,7 @@ SD3 = Prompt("sd3", model="sd3", cfg=4.5, steps=3)  # one block kind: a short co
 # to wait for).
 COMPILED = replace(SD3, compiled=True, choose="always compiled", background=False)
 STATIC = replace(COMPILED, dynamic="static")
+DEFAULTS = replace(SD3, compiled=True)  # choose auto, background compile: a child saves the kind whole
 DYNAMIC = replace(COMPILED, dynamic="dynamic")
 
 
@@ -102,6 +103,39 @@ def test_a_second_worker_compiles_nothing_cold_and_a_store_that_stops_costs_a_wa
         assert_close_to_eager(saved_latent(second, "second-dynamic"), eager, "the second worker, with the store down")
         assert second.log_tail(100_000).count("goes on with its local cache") == 1, second.log_tail()
         assert cache_stats(second)["remote"]["remote_errors"] >= 1
+
+
+@pytest.mark.server
+def test_a_new_worker_loads_the_fleets_precompiled_graphs_and_traces_nothing(tmp_path):
+    """With the defaults, the first worker's child saves the kind whole (compile/precompiled.py) and publishes it;
+    a second worker with an empty local cache takes it from the store and serves its compiled calls with it: no
+    child, no Dynamo frame (the pack's count), outputs bit-equal to the first worker's."""
+    with RedisServer(tmp_path / "redis") as redis, contextlib.ExitStack() as stack:
+        first, second = (server_of(tmp_path / name, env=store_env(redis)) for name in ("first", "second"))
+        for server in (first, second):
+            stack.callback(server.stop)
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda server: server.start(), (first, second)))
+        run_latent(first, DEFAULTS, "first-defaults")  # eager, while its child compiles
+        assert [job["failed"] for job in wait_for_background(first)["finished"]] == [[]]
+        # the same kind, compiled in every call (auto mode would time some calls eagerly): its precompiled graph
+        published = run_latent(first, replace(COMPILED, seed=8), "first-compiled")
+
+        run_latent(second, DEFAULTS, "second-defaults")  # eager until inductor's CPU checks ran
+        background = wait_for_background(second)
+        out = run_latent(second, replace(COMPILED, seed=8), "second-compiled")
+        stats = second.get_json("/accel/stats")["compile"]
+    assert background["finished"] == [], "the second worker started a child"
+    assert torch.equal(out, published), "the second worker's output differs from the first's"
+    assert stats["totals"]["compiles"] == 0, f"the second worker ran Dynamo: {stats['totals']}"
+    kinds = [k for k in stats["kinds"] if k["precompiled"]["functions"]]
+    assert kinds and all("found precompiled" in k["background"]["reason"] for k in kinds), stats["kinds"]
+    assert sum(k["precompiled"]["calls"] for k in kinds) > 0, kinds
+    assert cache_stats_of(stats)["precompiled_from_remote"] > 0
+
+
+def cache_stats_of(compile_stats: dict) -> dict:
+    return next(env for env in compile_stats["compile_cache"]["environments"] if env["fingerprint"]["device"] == "cpu")
 
 
 def wait_until_running(server, prompt_id: str, timeout: float = 60) -> float:

@@ -157,7 +157,7 @@ def test_nodes_show_status_from_the_server_and_after_a_reload(ui):
     assert refused.status == 409 and "background compile" in refused.json()["error"], refused.text()
     assert Path(server.get_json("/accel/cache")["root"]).is_dir()
     # The background compile ends between prompts; a few more prompts time compiled against eager. Samples taken
-    # while the pack's own work runs (the VAE's child, inductor's CPU checks, the preload) are dropped, so each
+    # while the pack's own work runs (the VAE's child, inductor's CPU checks) are dropped, so each
     # prompt waits for that work first, as the demo does.
     for _ in range(4):
         status = status_of(page, compile_node)
@@ -210,7 +210,10 @@ def test_the_waiting_node_shows_comfyuis_progress_while_a_kind_compiles_in_its_p
     compile_node, sampler = node_id(nodes, "AccelCompileModel"), node_id(nodes, "KSampler")
     set_widget(page, compile_node, "choose", "always compiled")
     set_widget(page, compile_node, "background", False)
-    set_widget(page, node_id(nodes, "EmptyLatentImage"), "width", 192)  # a new shape: compiled in this prompt
+    # a compile key no earlier prompt made graphs for (the defaults' child saved dynamic graphs of "auto" that
+    # serve any size), at a new shape: compiled in this prompt
+    set_widget(page, compile_node, "dynamic", "static")
+    set_widget(page, node_id(nodes, "EmptyLatentImage"), "width", 192)
     page.evaluate("() => { window.accelEvents = []; }")
     queue_and_wait(page, server)
     events = page.evaluate("() => window.accelEvents")

@@ -61,7 +61,8 @@ def decode_and_report(engine) -> dict:
     stats = engine.REGISTRY.stats()
     return {"decodes": decodes, "waited": waited, "wait_counters": wait_counters, "at_return": at_return,
             "idle_release_s": idle_release_s, "jobs": engine.background.BACKGROUND.stats()["finished"],
-            "kinds": [{"kind": k["kind"], "background": k["background"], "path": k["path"]} for k in stats["kinds"]]}
+            "kinds": [{"kind": k["kind"], "background": k["background"], "path": k["path"],
+                       "precompiled": k["precompiled"]} for k in stats["kinds"]]}
 
 
 if __name__ == "__main__":

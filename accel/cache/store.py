@@ -7,6 +7,8 @@ Layout, one directory per environment (see location.py):
     <root>/<env id>/inductor/             torch's FX graph, AOTAutograd, kernel and autotuning caches
     <root>/<env id>/artifacts/<key>/*.bin Mega-Cache artifacts of one compile key (block kind + options)
     <root>/<env id>/artifacts/<key>/last_used
+    <root>/<env id>/artifacts/<key>/precompiled/*.bin  torch's AOT precompiled functions of the key's graphs
+                                          (compile/precompiled.py): loaded without Dynamo tracing
     <root>/<env id>/auto_call_shares.json each block kind's share of a UNet call (compile/saved_shares.py)
 
 With ACCEL_REMOTE_CACHE set, a compile key's artifacts are also published to a shared store, and fetched from
@@ -46,6 +48,8 @@ MAX_SIZE_ENV = "ACCEL_CACHE_MAX_GB"
 DEFAULT_MAX_GB = 10.0
 MAGIC = b"ACCEL-MEGA-CACHE 1\n"
 ARTIFACT_NAME = re.compile(r"[0-9a-f]{20}\.bin")  # what _save names a file
+PRECOMPILED_DIR = "precompiled"  # inside a key's folder: its precompiled functions (compile/precompiled.py)
+PRECOMPILED_SUFFIX = "-precompiled"  # a key's precompiled functions in the remote store: their own key id
 SHARES_FILE = "auto_call_shares.json"
 EVICT_EVERY_S = 30.0  # sizing a cache walks its files: at most this often per process
 NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -86,8 +90,8 @@ def out_of_room(err: BaseException) -> bool:
     return False
 
 
-def pack_artifact(payload: bytes, label: str) -> bytes:
-    header = {"label": label, "sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}
+def pack_artifact(payload: bytes, label: str, meta: dict | None = None) -> bytes:
+    header = {"label": label, "sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload), **(meta or {})}
     return MAGIC + json.dumps(header).encode() + b"\n" + payload
 
 
@@ -176,7 +180,7 @@ class EnvironmentCache:
         self._last_evict = 0.0
         self.stats = {"artifacts_loaded": 0, "artifacts_saved": 0, "artifacts_skipped_corrupt": 0,
                       "artifacts_skipped_untrusted": 0, "evicted": 0, "torch_files_set_aside": 0,
-                      "artifacts_from_remote": 0}
+                      "artifacts_from_remote": 0, "precompiled_saved": 0, "precompiled_from_remote": 0}
 
     # -- the scope of one compiled call ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -184,7 +188,7 @@ class EnvironmentCache:
         """Wrap one of the pack's compiled calls: torch's caches read and write this environment's directory and
         whatever the call compiles is saved as the artifacts of compile key `ident` (see key_id). One such call
         at a time in the process: the scope sets a process-wide variable and torch's process-wide artifact
-        record, and a preload compiles in a thread of its own (compile/background/preload.py)."""
+        record (and `loading` the same variable)."""
         if not self.check_usable():
             yield
             return
@@ -359,6 +363,89 @@ class EnvironmentCache:
         if remote is not None:  # also what was here already: a cache older than the store fills it too
             remote.publish(self.env_id, self.fingerprint, ident, name, data, label)
         self.evict_if_needed()
+
+    # -- precompiled functions (compile/precompiled.py) -------------------------------------------------
+    def has_precompiled(self, ident: str) -> bool:
+        """Whether compile key `ident` has precompiled functions here (or, asked once per process, in the remote
+        store, whose verified files are then written here)."""
+        folder = self.artifacts_dir / ident / PRECOMPILED_DIR
+        if not any(folder.glob("*.bin")):
+            self._fill_precompiled_from_remote(ident)
+        return any(folder.glob("*.bin"))
+
+    def precompiled_files(self, ident: str) -> list[tuple[dict, bytes]]:
+        """(header, payload) of each precompiled function of `ident` that verifies: its folder and file owner-only
+        (trust.py: they are code), its checksum intact. A damaged file is deleted (the next child makes it again),
+        an untrusted one left where it is, each with a warning."""
+        if not self.check_usable():
+            return []
+        folder = self.artifacts_dir / ident / PRECOMPILED_DIR
+        why = untrusted(folder, directory=True) if folder.exists() else ""
+        if why:
+            log.warning("[Accel] compile cache: not loading %s, %s. %s", folder, why, FIX)
+            return []
+        found = []
+        for path in sorted(folder.glob("*.bin")):
+            why = untrusted(path, directory=False)
+            if why:
+                self.stats["artifacts_skipped_untrusted"] += 1
+                log.warning("[Accel] compile cache: not loading %s, %s. %s", path, why, FIX)
+                continue
+            try:
+                found.append(unpack_artifact(path.read_bytes()))
+            except (OSError, ValueError) as err:
+                self.stats["artifacts_skipped_corrupt"] += 1
+                log.warning("[Accel] compile cache: skipping %s (%s); it is deleted and made again by the next "
+                            "background compile.", path, err)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        _touch(self.artifacts_dir / ident / "last_used")
+        return found
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        """Loading precompiled functions: torch's caches in this environment's directory, where the child left the
+        compiled kernels (elsewhere torch would build them again: seconds)."""
+        if not self.check_usable():
+            yield
+            return
+        with _ONE_SCOPE_AT_A_TIME, _scoped_env("TORCHINDUCTOR_CACHE_DIR", str(self.inductor_dir)):
+            yield
+
+    def save_precompiled(self, ident: str, name: str, payload: bytes, label: str, meta: dict) -> None:
+        """Keep one precompiled function of `ident` (`name`: 20 hex digits) here and, with a store, publish it."""
+        data = pack_artifact(payload, label, meta)
+        path = self.artifacts_dir / ident / PRECOMPILED_DIR / f"{name}.bin"
+        try:
+            if not path.exists():
+                write_atomic(path, data)
+                self.stats["precompiled_saved"] += 1
+        except OSError as err:
+            log.warning("[Accel] compile cache: could not save a precompiled function of %s (%s); the next process "
+                        "loads it through Dynamo instead.", label, err)
+            return
+        remote = remote_store()
+        if remote is not None:
+            remote.publish(self.env_id, self.fingerprint, ident + PRECOMPILED_SUFFIX, path.name, data, label)
+
+    def _fill_precompiled_from_remote(self, ident: str) -> None:
+        remote = remote_store()
+        asked = ident + PRECOMPILED_SUFFIX
+        with self._lock:
+            if remote is None or asked in self._asked_remote or not self.check_usable():
+                return
+            self._asked_remote.add(asked)
+        folder = self.artifacts_dir / ident / PRECOMPILED_DIR
+        have = {path.name for path in folder.glob("*.bin")}
+        for name, data in remote.fetch(self.env_id, asked, have).items():
+            if not ARTIFACT_NAME.fullmatch(name):  # signed, but never a path out of the folder
+                continue
+            try:
+                write_atomic(folder / name, data)
+            except OSError as err:
+                log.warning("[Accel] compile cache: could not write %s from the remote store (%s).", folder / name, err)
+                return
+            self.stats["precompiled_from_remote"] += 1
 
     # -- size cap ---------------------------------------------------------------------------------------
     def evict_if_needed(self, force: bool = False) -> None:

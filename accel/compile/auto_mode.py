@@ -19,7 +19,7 @@ sampler's real calls, never on extra ones (so measuring never changes a result):
    (EAGER: no per-block dispatch at all). A call that compiled, decided a kind or sent one to the background is
    no sample of either path.
 
-No stage takes a sample while the pack's own work runs (a child compiling, inductor's CPU checks, a preload:
+No stage takes a sample while the pack's own work runs (a child compiling, inductor's CPU checks:
 background/activity.py): such a profile call, kind timing or whole-call sample is dropped and counted, and the
 verdict says how many were. The verdicts hold for the model, its clones and its options on that device
 (model_record.py), except an eager verdict that was a close call: it is checked again a few sampling runs later,
@@ -37,7 +37,6 @@ import torch
 from ..cache import COMPILE_CACHE
 from .background import ACTIVITY, BACKGROUND, IDLE_GATE, SETTLED_STATES, DroppedSamples, hold_until_idle
 from .background.activity import Window
-from .background.preload import PRELOADER
 from .kind_choice import MAX_RECHECKS, RECHECK_AFTER_RUNS, RECHECK_BAND
 from .kinds import KindEntry
 from .saved_shares import save_shares
@@ -203,7 +202,7 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
         return CallPlan(CallMode.PROFILE, False, background, device_type)
     auto.profiled = True  # every kind's share is known (saved by an earlier process): nothing to profile
     checking = auto.verdict is None and all(e.choice.decided or e.failure for e in entries) and not any(
-        e.background.waiting or e.background.compiling_new_shape or PRELOADER.awaited_by(e) for e in entries)
+        e.background.waiting or e.background.compiling_new_shape or e.loads_after_cpu_checks for e in entries)
     if checking and not any(e.path == "compiled" for e in entries):
         auto.settle("eager", "no block kind was worth compiling or faster compiled: running this model eagerly",
                     close_call=any(e.choice.close_call for e in entries))

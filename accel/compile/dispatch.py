@@ -10,15 +10,13 @@ import time
 
 from .attention import compiled_block_options
 from .auto_mode import CallMode, CallPlan
-from .background import ACTIVITY, Capture, preload
-from .background.preload import MAX_NOTED_CALLS, PRELOADER
-from .background.state import BackgroundState
+from .background import ACTIVITY, Capture
 from .blocks import BlockSite, block_safe_options, whole_model_safe_options
 from .kinds import WOULD_COMPILE, KindEntry, input_signature, tensor_shapes, wait_for_device
 
 PATCHED = "another node patched the attention or the UNet"
 IN_BACKGROUND = "compiling in the background"
-LOADS_BETWEEN_PROMPTS = "compiled, loads between prompts"
+LOADS_AFTER_CPU_CHECKS = "compiled, loads once inductor's CPU checks ran"
 TIMING_EAGER_SIDE = "timing: the eager side of the per-kind choice"
 NEW_SHAPE_IN_BACKGROUND = "a new input shape compiling in the background"
 
@@ -48,33 +46,16 @@ def run_on_chosen_path(entry: KindEntry, block, args: tuple, kwargs: dict, devic
     return out
 
 
-def note_for_preload(entry: KindEntry, block, attribute: str, make_call) -> None:
-    """A kind found in the persistent cache runs eagerly until inductor's CPU checks ran: note this call's input
-    layouts (`make_call()`'s, each new signature up to a few), to load its graphs from them at the next idle
-    moment once the checks are done (background/preload.py), not in a prompt."""
-    if entry.background.state is not BackgroundState.AWAITING_CPU_CHECKS or not preload.enabled(entry.device_type):
-        return
-    capture = PRELOADER.kept(entry)
-    if capture is not None and len(capture.calls) >= MAX_NOTED_CALLS:
-        return
-    if capture is None:
-        capture = Capture.in_this_call(entry, block, attribute)
-        PRELOADER.keep(capture)
-    call_args, call_kwargs = make_call()
-    capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
-
-
 def new_shape_goes_to_child(entry: KindEntry, block, attribute: str, make_call, captures: dict) -> bool:
     """A call's inputs need a graph the compiled kind does not have. True when the call runs eagerly because a
     child compiles that graph (captured now into `captures`, by kind key, which the caller sends when its call
-    ends; or a child is already on the kind) or compiled it and this process loads it between prompts
-    (preload.py); False when nothing else will: the kind compiles or loads it here, as before background
-    compiles (a child that failed on it, no preload on this device)."""
+    ends; or a child is already on the kind) or saved it and this process loads it at the kind's next call; False
+    when nothing else will: the kind compiles it here, as before background compiles (a child failed on it)."""
     background = entry.background
     call_args, call_kwargs = make_call()
     signature = input_signature(call_args, call_kwargs)
     if signature in entry.shapes_sent:
-        return background.compiling_new_shape or (preload.enabled(entry.device_type) and PRELOADER.will_load(entry))
+        return background.compiling_new_shape or entry.precompiled.due
     capture = captures.get(entry.key)
     if capture is not None and capture.new_shape:  # another new shape in this call: the same child
         capture.add_call(signature, call_args, call_kwargs)
@@ -82,10 +63,12 @@ def new_shape_goes_to_child(entry: KindEntry, block, attribute: str, make_call, 
         return True
     if background.compiling_new_shape:
         return True  # a child works on this kind: these inputs go to the next one, from a later call
-    if not background.may_compile_new_shape or entry.first_call is None:
+    if not background.may_compile_new_shape or (entry.first_call is None and not entry.precompiled.expected):
         return False
-    capture = captures[entry.key] = Capture.in_this_call(entry, block, attribute, calls=[entry.first_call],
-                                                         new_shape=True)
+    # the kind's first call's layouts first, so the child makes the same static-then-dynamic graphs this process
+    # would (none yet: a restarted process whose precompiled graphs do not serve its first call)
+    capture = captures[entry.key] = Capture.in_this_call(entry, block, attribute, new_shape=True,
+                                                         calls=[entry.first_call] if entry.first_call else [])
     capture.add_call(signature, call_args, call_kwargs)
     entry.shapes_sent.add(signature)
     background.new_shape()
@@ -120,9 +103,9 @@ class BlockDispatcher:
             return self._timed(lambda: entry.forward(block, *args, **kwargs), plan.kind_seconds, entry.key)
         if waits:
             return entry.run_eager(block, args, kwargs, IN_BACKGROUND)
-        if plan.new_shapes_in_background and PRELOADER.awaited_by(entry):
+        if plan.new_shapes_in_background and entry.loads_after_cpu_checks:
             plan.graphs_missing = True
-            return entry.run_eager(block, args, kwargs, LOADS_BETWEEN_PROMPTS)
+            return entry.run_eager(block, args, kwargs, LOADS_AFTER_CPU_CHECKS)
         if self.eager_reason:
             return entry.run_eager(block, args, kwargs, self.eager_reason)
         make_call = self._make_call(args, kwargs)
@@ -211,10 +194,6 @@ class BlockDispatcher:
         plan, entry = self.plan, self.entry
         capture = plan.captures.get(entry.key)
         if capture is None and (entry.background.waiting or not entry.decide_background()):
-            if entry.background.state is BackgroundState.AWAITING_CPU_CHECKS:  # found in the cache: noted
-                make_call = self._make_call(args, kwargs)
-                if make_call is not None:
-                    note_for_preload(entry, self.site.module, self.site.attribute, make_call)
             return entry.background.waiting
         make_call = self._make_call(args, kwargs)
         if make_call is None:  # patched in this call: capture a later block of the kind

@@ -14,7 +14,7 @@ at two resolutions in one UNet call (the small SD1.5 UNet's SpatialTransformer[3
 latents), and alternating sides over alternating resolutions once compared compiled calls at 32x32 with eager
 ones at 16x16, so compiled looked 3x slower than eager when it was 1.8x faster (2026-11-25).
 
-A sample taken while the pack's own work ran (a child compiling, inductor's CPU checks, a preload) is dropped
+A sample taken while the pack's own work ran (a child compiling, inductor's CPU checks) is dropped
 (background/activity.py), and an eager choice that was a close call is timed again later (`recheck`): the
 rule is written once, in RECHECK_BAND's comment.
 """

@@ -25,11 +25,13 @@ from ..cache import COMPILE_CACHE
 from ..cache.store import key_id, out_of_room
 from .background import KindBackground, hold_until_idle
 from .background.cpu_checks import CPU_CHECKS
-from .background.skeleton import CaptureError, dump_skeleton, load_skeleton
+from .background.skeleton import CaptureError, dump_skeleton
 from .blocks import BlockKind
 from .cpu_isa import vec_isa_options
 from .kind_choice import KindChoice
 from .options import CompileOptions
+from .precompiled import NO_GRAPH, PrecompiledGraphs, context_of
+from .precompiled import unavailable as precompile_unavailable
 
 log = logging.getLogger("comfyui_accel")
 
@@ -206,8 +208,10 @@ class KindEntry:
         self.shapes_sent: set[tuple] = set()
         self.choice = KindChoice(kind.label, key_id(key[:4]), device_type)  # choose="auto" (kind_choice.py)
         self.background = KindBackground(kind.label)  # choose="auto" with a background compile (background/)
-        # Compiled calls run in the sampler's thread, and a preload (`preload`) in the background compiler's
-        # thread: one at a time, so a kind is never compiled twice at once (uncontended: ~0.1 us a call).
+        # the graphs a child saved whole (precompiled.py): served without Dynamo, loaded in milliseconds
+        self.precompiled = PrecompiledGraphs()
+        # Compiled calls run in the sampler's thread, and a compile-worker's own calls in its: one at a time, so a
+        # kind is never compiled twice at once (uncontended: ~0.1 us a call).
         self._calls = threading.RLock()
 
     def compiled_entry(self) -> Callable:
@@ -240,6 +244,16 @@ class KindEntry:
         if not env.check_usable():
             self.background.not_needed("no usable compile cache to hand graphs over")
             return False
+        if not precompile_unavailable():
+            # Precompiled functions load in milliseconds; without them (a cache older than them: torch's caches
+            # only) a child makes them, mostly from those caches, while the blocks run eagerly.
+            if not env.has_precompiled(self.cache_id):
+                return True
+            self.precompiled.due = True
+            if self.device_type == "cpu" and CPU_CHECKS.wait_for_them(self.background, hold_until_idle("cpu")):
+                return False
+            self.background.not_needed("found precompiled in the persistent compile cache")
+            return False
         if env.has_artifacts(self.cache_id):
             # on the CPU, loading waits for inductor's per-process checks, run off the prompt's path first
             if self.device_type == "cpu" and CPU_CHECKS.wait_for_them(self.background, hold_until_idle("cpu")):
@@ -255,7 +269,21 @@ class KindEntry:
         `would_compile` only predicts it (a batch of 1 is a graph of its own: Dynamo specialises sizes 0 and 1).
         A kind with graph breaks could be refused at its second frame, after the first had changed the block's
         inputs in place, so it keeps the prediction."""
-        return self.compiles > 0 and not self.graph_breaks and not torch.compiler.is_compiling()
+        if torch.compiler.is_compiling():
+            return False
+        return (self.compiles > 0 and not self.graph_breaks) or self.precompiled.expected
+
+    @property
+    def ran_compiled(self) -> bool:
+        """A call of the kind ran compiled: through Dynamo, or served by a precompiled function."""
+        return bool(self.seen_inputs) or self.precompiled.calls > 0
+
+    @property
+    def loads_after_cpu_checks(self) -> bool:
+        """Precompiled graphs wait to be loaded, and on the CPU loading them now would run inductor's per-process CPU
+        checks (seconds) in the prompt: until those ran in their thread (cpu_checks.py), its blocks run eagerly."""
+        return (self.precompiled.due and self.device_type == "cpu" and not CPU_CHECKS.done
+                and self.compiles == 0 and not self.precompiled.functions)
 
     def would_compile(self, args: tuple, kwargs: dict) -> bool:
         """A compiled call with these inputs would make a new graph here: its input signature was never run
@@ -289,6 +317,12 @@ class KindEntry:
                       may_compile: bool = True):
         if self.failure:
             return self.run_eager(block, args, kwargs, self.reason)
+        self.last_call_warm = False
+        out = self._call_precompiled(block, make_call)
+        if out is not NO_GRAPH:
+            return out
+        if not may_compile and self.compiles == 0:  # no Dynamo graph either: it would compile
+            return WOULD_COMPILE
         compiled = self.compiled_entry()  # before the clock starts: its CPU probe is no compile time
         frames = _dynamo_frames()
         start = time.perf_counter()
@@ -310,41 +344,52 @@ class KindEntry:
             self.last_call_warm = seen
         return out
 
-    def preload(self, block, calls: list[bytes], grad: bool, inference: bool) -> int:
-        """Load the graphs a child compiled for this kind, before a call needs them: replay the input layouts it
-        compiled from (background/skeleton.py, new tensors: the model's own inputs are never touched) through
-        the compiled entry on one real block of the kind, as the child did, so the same graphs come from the
-        persistent cache. Layouts already run compiled are skipped. The Dynamo frames made; an error propagates
-        and leaves the kind to load at its next call, as without a preload."""
-        made = 0
-        with self._calls:
-            if self.failure:
-                return 0
-            compiled = self.compiled_entry()
-            for call in calls:
-                with torch.inference_mode(inference), torch.set_grad_enabled(grad):  # as the child replayed it
-                    args, kwargs = load_skeleton(call)
-                    if input_signature(args, kwargs) in self.seen_inputs:
-                        continue
-                    frames, start = _dynamo_frames(), time.perf_counter()
-                    self._call_compiled(compiled, block, lambda a=args, k=kwargs: (a, k), in_prompt_path=False)
-                    new_frames = _dynamo_frames() - frames
-                if new_frames:
-                    self._note_compile(new_frames, time.perf_counter() - start, args, kwargs)
-                    made += new_frames
-        return made
+    def _call_precompiled(self, block, make_call: Callable[[], tuple[tuple, dict]]):
+        """The call served by a precompiled function of the kind (precompiled.py), loading those due first (not on
+        the CPU before its checks: `loads_after_cpu_checks`); NO_GRAPH when none accepts the inputs."""
+        graphs = self.precompiled
+        if graphs.due and not (self.device_type == "cpu" and not CPU_CHECKS.done):
+            loaded = len(graphs.loaded_names)
+            env = COMPILE_CACHE.environment(self.device_type)
+            with env.loading():
+                graphs.load_due(lambda: env.precompiled_files(self.cache_id), env.inductor_dir)
+            if len(graphs.loaded_names) != loaded:
+                log.info("[Accel] Compile Model: %s loaded %d precompiled graphs (%.2f s in all so far)",
+                         self.kind.label, len(graphs.loaded_names) - loaded, graphs.load_seconds)
+                return NO_GRAPH if not graphs.functions else self._serve_precompiled(block, make_call, warm=False)
+        if not graphs.functions:
+            return NO_GRAPH
+        return self._serve_precompiled(block, make_call, warm=True)
+
+    def _serve_precompiled(self, block, make_call, warm: bool):
+        call_args, call_kwargs = make_call()
+        # what a child compiling a new shape of the kind replays first: taken before the block may change them
+        layouts = _layouts_of(call_args, call_kwargs) if self.first_call is None else None
+        out = self.precompiled.call(context_of(block, self.forward, call_args, call_kwargs), block, call_args,
+                                    call_kwargs, self.kind.label)
+        if out is NO_GRAPH:
+            return out
+        self.first_call = self.first_call or layouts
+        # As a Dynamo call would note them: a later shape the saved graphs do not serve, compiled here
+        # (choose="always compiled"), then gets the dynamic graph it would have had after this call.
+        if self.first_shapes is None and self.options.dynamic == "auto":
+            self.first_shapes = tensor_shapes(call_args, call_kwargs)
+        self.call_variants.add(_call_variant(call_args, call_kwargs))
+        self.cache_hits += 1
+        self.last_call_warm = warm  # a call that loaded is no fair timing
+        return out
 
     @property
     def reason(self) -> str:
         return self.failure or self.choice.reason
 
     def _call_compiled(self, compiled: Callable, block, make_call: Callable[[], tuple[tuple, dict]],
-                       in_prompt_path: bool = True, may_compile: bool = True) -> tuple[Any, bool]:
+                       may_compile: bool = True) -> tuple[Any, bool]:
         """One compiled call, and whether its inputs were seen before. New inputs may compile, so that call runs
         inside the persistent cache's scope (torch's caches in the pack's directory, the artifacts saved); inputs
         already seen skip the scope's cost, tens of microseconds a call. Should another guard still recompile
-        there, the graph is correct and merely not persisted. A call in the prompt's path (not a preload in the
-        background compiler's thread) tells the web UI that the prompt waits, and when it stops waiting."""
+        there, the graph is correct and merely not persisted. A call that compiles tells the web UI that the prompt
+        waits, and when it stops waiting."""
         call_args, call_kwargs = make_call()
         self._mark_shapes(call_args, call_kwargs)
         signature = input_signature(call_args, call_kwargs)
@@ -364,17 +409,15 @@ class KindEntry:
             self.first_call = _layouts_of(call_args, call_kwargs)
         self.call_variants.add(_call_variant(call_args, call_kwargs))
         disk = disk_cache_counters()
-        self.compiling_now = in_prompt_path
-        if in_prompt_path:  # the web UI says the prompt waits (nodes/status.py)
-            telemetry.record("compile_model", "compiling_now", kind=self.kind.label)
+        self.compiling_now = True
+        telemetry.record("compile_model", "compiling_now", kind=self.kind.label)  # the web UI says the prompt waits
         start = time.perf_counter()
         try:
             out = self._compile_and_call(compiled, block, make_call, call_args, call_kwargs)
         finally:
-            self.compiling_now = False
-            if in_prompt_path:  # done or failed: either way the prompt no longer waits for this kind
-                telemetry.record("compile_model", "compiled_now", kind=self.kind.label,
-                                 seconds=round(time.perf_counter() - start, 2))
+            self.compiling_now = False  # done or failed: either way the prompt no longer waits for this kind
+            telemetry.record("compile_model", "compiled_now", kind=self.kind.label,
+                             seconds=round(time.perf_counter() - start, 2))
         self.disk_cache.update(disk_cache_counters() - disk)
         self.seen_inputs.add(signature)
         return out, False
@@ -460,5 +503,5 @@ class KindEntry:
             "call_share": round(choice.share, 4) if choice.share is not None else None,
             "dynamic_dims": sorted(self.dynamic_dims), "call_variants": len(self.call_variants),
             "dropped_samples": dict(choice.dropped.by_work), "rechecks": choice.rechecks,
-            "background": self.background.stats(),
+            "background": self.background.stats(), "precompiled": self.precompiled.stats(),
         }

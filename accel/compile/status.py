@@ -52,7 +52,7 @@ def _compiling_in_path(entries) -> list:
 
 def _ready(entries) -> list:
     """Kinds that ran compiled at least once (compiled, or loaded from the cache)."""
-    return [e for e in entries if e.seen_inputs and not e.compiling_now]
+    return [e for e in entries if e.ran_compiled and not e.compiling_now]
 
 
 def _in_background(entries) -> list:

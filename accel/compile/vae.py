@@ -17,10 +17,9 @@ import copy
 from .. import telemetry
 from ..cache import COMPILE_CACHE
 from .background import BACKGROUND, Capture, hold_until_idle
-from .background.preload import PRELOADER
 from .blocks import BlockKind
-from .dispatch import (IN_BACKGROUND, LOADS_BETWEEN_PROMPTS, NEW_SHAPE_IN_BACKGROUND, new_shape_goes_to_child,
-                       note_for_preload, run_on_chosen_path)
+from .dispatch import (IN_BACKGROUND, LOADS_AFTER_CPU_CHECKS, NEW_SHAPE_IN_BACKGROUND, new_shape_goes_to_child,
+                       run_on_chosen_path)
 from .kinds import WOULD_COMPILE, KindEntry, input_signature
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
@@ -69,8 +68,8 @@ class CompiledMethod:
         background = options.compiles_in_background and policy.allows("background_compile")
         if background and self._compiling_in_background(entry, args, kwargs, device):
             return entry.run_eager(self.module, args, kwargs, IN_BACKGROUND)
-        if background and PRELOADER.awaited_by(entry):
-            return entry.run_eager(self.module, args, kwargs, LOADS_BETWEEN_PROMPTS)
+        if background and entry.loads_after_cpu_checks:
+            return entry.run_eager(self.module, args, kwargs, LOADS_AFTER_CPU_CHECKS)
         if background and entry.can_refuse_compiles:
             return run_on_chosen_path(entry, self.module, args, kwargs, device.type,
                                       lambda: self._compiled_or_eager(entry, args, kwargs, device))
@@ -95,8 +94,6 @@ class CompiledMethod:
         the rest of the prompt done: background/idle_gate.py), as the sampler's do."""
         BACKGROUND.poll()  # a finished child hands the kind back here
         if entry.background.waiting or not entry.decide_background():
-            # found in the cache and waiting for the CPU checks: noted, to load between prompts once they ran
-            note_for_preload(entry, self.module, self.method, lambda: (args, kwargs))
             return entry.background.waiting
         capture = Capture.in_this_call(entry, self.module, self.method)
         entry.background.capture()
@@ -107,7 +104,7 @@ class CompiledMethod:
 
 def _where(entry: KindEntry) -> tuple:
     """What the status of a VAE's method is made of, to tell when it moved."""
-    return (entry.background.state, entry.choice.path, entry.choice.progress(), bool(entry.seen_inputs),
+    return (entry.background.state, entry.choice.path, entry.choice.progress(), entry.ran_compiled,
             entry.failure)
 
 

@@ -1,8 +1,8 @@
 """The pack's own work that competes with the sampler for the machine, so that no timing is taken beside it.
 
 Auto mode decides from timings of the sampler's real calls (kind_choice.py, auto_mode.py). A timing taken while
-the pack itself compiles in a child, runs inductor's CPU checks (new Python processes), or loads a child's
-graphs between prompts (preload.py) measures the pack's work as much as the block: on the 2-core test CPU such
+the pack itself compiles in a child or runs inductor's CPU checks (new Python processes) measures the pack's
+work as much as the block: on the 2-core test CPU such
 samples made compiled blocks look several times slower than eager. So a timing counts only when no such work
 ran at any moment of it: `Window` notes what ran when it opened and what started since, and a sample whose window
 saw any is dropped (counted, never averaged in).

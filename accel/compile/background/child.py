@@ -85,17 +85,63 @@ def run_job(directory: Path, parent: int) -> int:
         # a new shape of a kind the parent runs: the dimensions it already made dynamic stay so here
         entry.dynamic_dims.update(tuple(d) for d in item.get("dynamic_dims", ()))
         start = time.perf_counter()
+        marks = []  # per call, the dimensions its compiled call marked dynamic
         with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]):
             for call in item["calls"]:
                 args, kwargs = load_skeleton(call)
                 entry.run_compiled(block, lambda: (args, kwargs), args, kwargs)  # noqa: B023
+                marks.append(set(entry.dynamic_dims))
+            compiled_seconds = time.perf_counter() - start
+            precompiled = None if entry.failure else save_precompiled(entry, block, item["calls"], marks)
         results.append({"cache_id": entry.cache_id, "kind": entry.kind.label, "failure": entry.failure,
-                        "seconds": round(time.perf_counter() - start, 2), "compiles": entry.compiles})
-        log.info("[Accel] background compile: %s in %.1f s%s", entry.kind.label, results[-1]["seconds"],
+                        "seconds": round(time.perf_counter() - start, 2), "compiles": entry.compiles,
+                        "fx_graph_misses": entry.disk_cache.get("fx_graph_misses", 0), "precompiled": precompiled})
+        log.info("[Accel] background compile: %s in %.1f s (precompiled: %s in %.1f s)%s", entry.kind.label,
+                 compiled_seconds, precompiled, results[-1]["seconds"] - compiled_seconds,
                  f" (failed: {entry.failure})" if entry.failure else "")
         write_atomic(directory / "results.json",
                      json.dumps({"kinds": results, "peak_rss_mib": _peak_rss_mib()}, indent=1).encode())
     return 0
+
+
+def save_precompiled(entry, block, calls: list[bytes], marks: list[set]) -> int | str:
+    """Save the kind's graph for each call's layouts as a precompiled function (compile/precompiled.py), after the
+    compiled calls above (its graphs then come from torch's caches they filled). The number saved, or why none
+    (torch without it, a block that does not compile whole): the kind then loads the old way in ComfyUI's process."""
+    from ...cache import COMPILE_CACHE
+    from .. import precompiled
+    from ..kinds import _entry_point, compile_kwargs, input_signature
+
+    why = precompiled.unavailable()
+    if why:
+        return why
+    env = COMPILE_CACHE.environment(entry.device_type)
+    if not env.check_usable():
+        return f"no usable compile cache ({env.problem})"
+    entry_point = _entry_point(entry.forward, entry.name)
+    kwargs_for_compile = compile_kwargs(entry.options, entry.device_type)
+    saved, done = 0, set()
+    for call, dims in zip(calls, marks):
+        args, kwargs = load_skeleton(call)  # fresh tensors: the calls above may have changed theirs in place
+        key = (input_signature(args, kwargs), tuple(sorted(dims)))
+        if key in done:
+            continue
+        done.add(key)
+        context = precompiled.context_of(block, entry.forward, args, kwargs)
+        name = precompiled.file_name(context, key)
+        try:
+            with env.compiling(entry.cache_id, entry.name):  # torch's caches: the graphs compiled above
+                function = precompiled.precompile(entry_point, kwargs_for_compile, block, args, kwargs, dims)
+            with env.loading():
+                payload, layout = precompiled.pack(function, precompiled.kernels_of(function, env.inductor_dir))
+        except Exception as err:  # noqa: BLE001  (the kind still has its graphs in torch's caches)
+            why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"
+            log.info("[Accel] background compile: %s cannot be precompiled (%s)", entry.kind.label, why)
+            return why
+        env.save_precompiled(entry.cache_id, name, payload, entry.kind.label,
+                             {"name": name, "format": precompiled.FORMAT, "context": context, **layout})
+        saved += 1
+    return saved
 
 
 def _forget_jobs_state() -> None:
@@ -110,15 +156,19 @@ def _forget_jobs_state() -> None:
 
 
 def _exit_with(parent: int) -> None:
-    """A compile nobody will load is wasted CPU: on Linux the kernel ends this process when ComfyUI's ends."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            import ctypes
-            import signal
+    """A compile nobody will load is wasted CPU: this process ends within a second of ComfyUI's. (Not the kernel's
+    parent-death signal: it fires when the *thread* that started this process ends, and the idle gate's thread,
+    which starts held jobs, ends whenever nothing waits.)"""
+    import threading
 
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(PARENT_GONE)
+
     if os.getppid() != parent:
-        sys.exit(PARENT_GONE)  # ComfyUI ended before this process could ask to end with it
+        sys.exit(PARENT_GONE)  # ComfyUI ended before this process could watch it
+    threading.Thread(target=watch, name="accel-parent-watch", daemon=True).start()
 
 
 def _lower_priority() -> None:

@@ -9,8 +9,8 @@ A restarted ComfyUI whose block kinds were all in the persistent cache loaded th
 first prompt took 19.5 s where eager took 1.5 s (bench/report.py, 2026-11-23).
 
 So on the CPU, with choose=auto and a background compile:
-- a kind found in the persistent cache waits for the checks (its blocks run eagerly, like a kind a child
-  compiles), then loads at the next idle moment (preload.py), or at its next call if that comes first;
+- a kind found precompiled in the persistent cache waits for the checks (its blocks run eagerly, like a kind a
+  child compiles), then loads at its next call, in milliseconds (precompiled.py);
 - the checks start in a daemon thread at this process's next idle moment on a CPU with at most 4 cores (the
   sampler and the VAE decode need them; as held background jobs, idle_gate.py), at once elsewhere; also when
   kinds go to a child, so the process has them done when the child's graphs come back.
@@ -26,8 +26,8 @@ import time
 
 from ... import telemetry
 from .activity import ACTIVITY
+from ..precompiled import warm_loader
 from .idle_gate import IDLE_GATE
-from .preload import PRELOADER
 from .state import KindBackground
 
 log = logging.getLogger("comfyui_accel")
@@ -82,6 +82,10 @@ class CpuChecks:
         return True
 
     @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
     def busy(self) -> bool:
         """Kinds wait for the checks, or the checks run."""
         return bool(self._waiting) or (self._thread is not None and not self._done.is_set())
@@ -103,6 +107,7 @@ class CpuChecks:
 
             with ACTIVITY.running("inductor's CPU checks"):  # new processes: no timing is taken beside them
                 cpu_vec_isa.valid_vec_isa_list()  # torch's own checks; it caches the answer for the process
+                warm_loader()  # and what loading a first precompiled function imports
         except Exception as err:  # noqa: BLE001  (the compile that follows checks again, as without this)
             self.error = f"{type(err).__name__}: {err}"[:300]
             log.warning("[Accel] inductor's CPU checks failed in their thread (%s); the next compile runs them",
@@ -113,7 +118,6 @@ class CpuChecks:
             waiting, self._waiting = self._waiting, []
         for background in waiting:
             background.cpu_checks_done()
-        PRELOADER.cpu_checks_done()
         log.info("[Accel] inductor's CPU checks done in %.1f s off the prompt's path", self.seconds)
         telemetry.record("compile_model", "cpu_checks_done", seconds=self.seconds)  # kinds found in the cache move
 

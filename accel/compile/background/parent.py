@@ -3,10 +3,10 @@
 choose="auto": when a kind must be compiled and the persistent cache holds nothing for it, the sampler's call
 goes on eagerly and one block of that kind is captured with the layouts of its call's inputs. After the call, a
 child process (`python -m accel compile-worker DIR`, child.py) compiles the captured kinds into the persistent
-compile cache, the same way a compiled call here would. Meanwhile those blocks run eagerly. Once the child is
-done, this process compiles each kind again, which now reads torch's on-disk caches (a fraction of a cold
-compile, docs/benchmarks/cold_start.md): CPU kinds at this process's next idle moment, between prompts
-(preload.py), others at the kind's next call.
+compile cache, the same way a compiled call here would, and saves each graph whole as a precompiled function
+(precompile.py). Meanwhile those blocks run eagerly. Once the child is done, this process loads the precompiled
+functions at the kind's next call: milliseconds, no Dynamo tracing (docs/benchmarks/cold_start.md). Where torch
+cannot precompile a kind, it compiles again here at its next call, from torch's on-disk caches.
 
 The child stays for later jobs (one at a time, sent as a job directory per line on its stdin) until it has been
 idle for `ACCEL_BACKGROUND_IDLE_SECONDS` (0: one child per job): each new child pays torch's and ComfyUI's imports
@@ -54,10 +54,10 @@ import torch
 from ... import telemetry
 from ...cache.trust import make_private_dirs
 from ...env_settings import env_float
+from ..precompiled import warm_loader
 from .activity import ACTIVITY
 from .cpu_checks import CPU_CHECKS
 from .idle_gate import IDLE_GATE
-from .preload import PRELOADER
 from .skeleton import CaptureError, dump_skeleton
 
 log = logging.getLogger("comfyui_accel")
@@ -163,8 +163,8 @@ class BackgroundCompiler:
     @property
     def busy(self) -> bool:
         """Background work is still to come for this process: a job, kinds waiting for inductor's CPU checks (or
-        the checks running), graphs to load between prompts. What the demo and the HTTP tests wait on."""
-        return self.has_jobs or CPU_CHECKS.busy or bool(PRELOADER.pending)
+        the checks running). What the demo and the HTTP tests wait on."""
+        return self.has_jobs or CPU_CHECKS.busy
 
     def compiling(self) -> bool:
         """A child works on a job now (its start included): the machine is not the sampler's alone."""
@@ -187,7 +187,6 @@ class BackgroundCompiler:
                               "dynamic_dims": sorted(entry.dynamic_dims),
                               "block": dump_skeleton(capture.block), "calls": capture.calls})
                 entries.append(entry)
-                PRELOADER.keep(capture)
             except Exception as err:  # CaptureError, or a block with no tensor to say its device
                 entry.background.failed(f"it cannot be sent to a child process ({err})")
         if not items:
@@ -300,9 +299,11 @@ class BackgroundCompiler:
             self._idle_timer = None
 
     def _hand_back_when_done(self, job: Job) -> None:
-        """Hand the job's kinds back when it ends, also when no call comes to poll (a server between prompts,
-        where they then load: preload.py), but never inside a sampling run: there its next call polls, between
+        """Hand the job's kinds back when it ends, also when no call comes to poll (a server between prompts: the
+        stats then say so at once), but never inside a sampling run: there its next call polls, between
         two calls, so a kind never changes state within one."""
+        if job.entries[0].device_type != "cpu":  # on the CPU the checks' thread does it, at an idle moment
+            warm_loader()  # the first precompiled function's load then costs the prompt no imports
         while not job.ended() or IDLE_GATE.sampling:
             if self._job is not job:
                 return
@@ -338,7 +339,6 @@ class BackgroundCompiler:
                 return False
             time.sleep(0.05)
             self.poll()
-        PRELOADER.run(force=True)  # the child's graphs loaded too (CPU kinds: preload.py)
         return True
 
     def _finish(self, job: Job) -> None:
@@ -358,14 +358,15 @@ class BackgroundCompiler:
         for entry in job.entries:
             result = by_id.get(entry.cache_id)
             if result and not result.get("failure"):  # compiled and saved, even if the job went wrong after
-                entry.background.done(result["seconds"])
+                entry.background.done(result["seconds"], result.get("precompiled"))
+                entry.precompiled.due = isinstance(result.get("precompiled"), int)  # loaded at its next call
             else:
                 why = (result or {}).get("failure") or error or f"the child exited with code {returncode}"
                 entry.background.failed(why)
                 failed.append(entry.kind.label)
-        PRELOADER.child_done(job.entries)
         record = {"pid": job.worker.process.pid, "kinds": [e.kind.label for e in job.entries],
                   "wall_seconds": round(wall, 1), "returncode": returncode,
+                  "cold_graphs": sum(r.get("fx_graph_misses", 0) for r in results.get("kinds", [])),
                   "peak_rss_mib": results.get("peak_rss_mib"), "failed": failed}
         self.history.append(record)
         telemetry.record("compile_model", "background_done", kinds=record["kinds"], failed=failed)
@@ -391,7 +392,7 @@ class BackgroundCompiler:
             queued = [e.kind.label for _, entries, _ in self._queue for e in entries]
             held = [e.kind.label for _, entries, _ in self._held for e in entries]
         return {"busy": self.busy, "running": running, "queued": queued, "held_until_idle": held,
-                "finished": list(self.history), "cpu_checks": CPU_CHECKS.stats(), "preload": PRELOADER.stats(),
+                "finished": list(self.history), "cpu_checks": CPU_CHECKS.stats(),
                 "idle_gate": IDLE_GATE.stats()}
 
 

@@ -13,14 +13,15 @@ Every move a kind makes goes through `KindBackground`, so the states and who may
 
 UNDECIDED: not looked at yet. NOT_NEEDED: compiled here (warm, or found in the persistent cache, or too small to
 compile at all). CAPTURED: one of its blocks was captured in this call, sent to a child when the call ends.
-PENDING: a child compiles it. DONE: the child's graphs are in the persistent cache; this process loads them at
-the kind's next call, or (CPU kinds) before it at an idle moment (preload.py), which changes no state.
+PENDING: a child compiles it. DONE: the child's graphs are in the persistent cache, saved whole where torch can
+(precompiled.py); this process loads them at the kind's next call, in milliseconds (on the CPU once its checks
+ran: cpu_checks.py), which changes no state.
 FAILED: it could not be sent or the child failed; it compiles here at its next call.
 NEW_SHAPE_*: the kind runs compiled, and a call with inputs of a new shape (a longer prompt, another size) would
 compile again: a child compiles that graph while calls of the new shape run eagerly, those of shapes already
 compiled still run compiled.
-AWAITING_CPU_CHECKS: found in the persistent cache on the CPU; its blocks run eagerly until inductor's
-per-process CPU checks ran in a thread (cpu_checks.py), then it loads at its next call.
+AWAITING_CPU_CHECKS: found precompiled in the persistent cache on the CPU; its blocks run eagerly until
+inductor's per-process CPU checks ran in a thread (cpu_checks.py), then it loads at its next call.
 """
 from __future__ import annotations
 
@@ -85,11 +86,12 @@ class KindBackground:
     def await_cpu_checks(self) -> None:
         assert self.state is BackgroundState.UNDECIDED, self.state
         self.state = BackgroundState.AWAITING_CPU_CHECKS
-        self.reason = "found in the persistent compile cache; runs eagerly until inductor's CPU checks are done"
+        self.reason = ("found precompiled in the persistent compile cache; runs eagerly until inductor's CPU checks "
+                       "are done")
 
     def cpu_checks_done(self) -> None:
         if self.state is BackgroundState.AWAITING_CPU_CHECKS:
-            self.not_needed("found in the persistent compile cache (loaded after inductor's CPU checks)")
+            self.not_needed("found precompiled in the persistent compile cache (loaded after inductor's CPU checks)")
 
     def new_shape(self) -> None:
         assert self.may_compile_new_shape, self.state
@@ -103,14 +105,13 @@ class KindBackground:
         self.state = (BackgroundState.PENDING if self.state is BackgroundState.CAPTURED
                       else BackgroundState.NEW_SHAPE_PENDING)
 
-    def done(self, seconds: float) -> None:
+    def done(self, seconds: float, precompiled: int | str | None = None) -> None:
+        """The child compiled it; `precompiled`: how many graphs it saved whole (precompiled.py), or why none."""
         new_shape = self.state is BackgroundState.NEW_SHAPE_PENDING
         self.state, self.seconds = BackgroundState.DONE, seconds
-        self.reason = f"{'a new input shape ' if new_shape else ''}compiled in a child process in {seconds:.1f} s"
-
-    def preloaded(self, seconds: float) -> None:
-        """This process loaded the child's graphs at an idle moment, before the kind's next call needed them."""
-        self.reason += f"; loaded between prompts in {seconds:.1f} s"
+        how = ("" if precompiled is None else f", {precompiled} graphs precompiled" if isinstance(precompiled, int)
+               else f", not precompiled ({precompiled}): it loads through Dynamo")
+        self.reason = f"{'a new input shape ' if new_shape else ''}compiled in a child process in {seconds:.1f} s{how}"
 
     def failed(self, why: str) -> None:
         self.state, self.reason = BackgroundState.FAILED, f"background compile failed: {why}; compiled here"

@@ -1,0 +1,292 @@
+"""A kind's graphs saved whole by torch's AOT precompile, and loaded in another process without Dynamo tracing.
+
+The child (background/child.py) compiles each captured input layout of a kind with
+`torch.compile(entry, fullgraph=True).aot_compile(...)` and saves the result, guards and Dynamo's output
+included, as a precompiled function in the persistent cache (store.py: owner-only files with a checksum, signed in
+the remote store). ComfyUI's process, a restarted one, or a new fleet worker loads them with
+`torch.compiler.load_compiled_function`: milliseconds a kind where Dynamo tracing the block again took seconds.
+
+A call is served by the first loaded function whose guards accept its inputs (a static graph for the first
+shape, dynamic ones once a second shape was seen, as the child's marks made them); inputs no guard accepts get
+no graph here (`NO_GRAPH`): the caller runs them eagerly and a child compiles them, or compiles them in-process
+the old way.
+
+Guards torch cannot save are dropped from the saved function (the default of `aot_compile`, plus type checks on
+ComfyUI's operation classes, which are nested classes such as `disable_weight_init.Conv2d`). What they checked is
+the pack's to check instead, before a function is loaded for a block: the `context` of the file names every class
+in the block's module tree, ComfyUI's version and its compute flags and the attention function it picked, and the
+attention override the pack passes to compiled blocks. A file of another context is not loaded.
+
+Where torch lacks AOT precompile, a block cannot be captured whole, or `ACCEL_PRECOMPILED=0`, kinds load as before
+(Dynamo traces them again and torch's on-disk caches give the compiled code), and the stats say why.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import torch
+
+log = logging.getLogger("comfyui_accel")
+
+ENV = "ACCEL_PRECOMPILED"
+NO_GRAPH = object()  # `PrecompiledGraphs.call`'s answer when no loaded function accepts the inputs
+FORMAT = 1  # bump when what a file holds or how its context is computed changes
+# ComfyUI flags that change no compiled code: where it listens, logs and keeps files (fleet workers differ there)
+NOT_COMPUTE_FLAGS = ("listen", "port", "tls", "cors", "dir", "directory", "path", "preview", "log", "verbose",
+                     "launch", "upload", "front_end", "user", "database", "multi_user", "quick_test", "metadata",
+                     "manager", "windows", "whitelist", "api", "comfy_api", "temp", "input", "output", "cache_",
+                     "enable_compress", "disable_all_custom_nodes", "hash")
+
+
+def unavailable() -> str:
+    """Why kinds cannot be precompiled here ("" when they can)."""
+    if os.environ.get(ENV, "1") in ("0", ""):
+        return f"off ({ENV}=0)"
+    if not hasattr(torch.compiler, "load_compiled_function") or not hasattr(torch._dynamo.config,
+                                                                             "enable_aot_compile"):
+        return f"torch {torch.__version__} has no AOT precompile (torch.compiler.load_compiled_function)"
+    return ""
+
+
+# -- the context a saved function is valid in ---------------------------------------------------------
+_comfy_identity: str | None = None
+_block_contexts: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+_contexts_lock = threading.Lock()
+
+
+def _comfyui_identity() -> str:
+    """ComfyUI's version, its compute flags and the attention functions it picked at import."""
+    global _comfy_identity
+    if _comfy_identity is None:
+        from comfy.cli_args import args
+        import comfy.ldm.modules.attention as attention
+
+        try:
+            import comfyui_version
+
+            version = comfyui_version.__version__
+        except ImportError:
+            version = "unknown"
+        flags = {}
+        for name, value in sorted(vars(args).items()):
+            if any(part in name for part in NOT_COMPUTE_FLAGS):
+                continue
+            try:
+                flags[name] = json.loads(json.dumps(value))
+            except (TypeError, ValueError):
+                continue
+        picked = [_name_of(getattr(attention, name, None)) for name in
+                  ("optimized_attention", "optimized_attention_masked")]
+        _comfy_identity = json.dumps([version, flags, picked], sort_keys=True, default=str)
+    return _comfy_identity
+
+
+def _name_of(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def context_of(block: torch.nn.Module, forward: Callable, args: tuple, kwargs: dict) -> str:
+    """The context of this compiled call of `block` (module docstring): a digest of the block's classes (cached per
+    block object), ComfyUI's identity, the forward compiled, and the functions passed in the call's dicts (the
+    attention override of compiled blocks)."""
+    with _contexts_lock:
+        found = _block_contexts.get(block)
+    if found is None:
+        classes = sorted({_name_of(t) for m in block.modules() for t in type(m).__mro__})
+        text = json.dumps([FORMAT, _comfyui_identity(), classes, _name_of(forward)])
+        found = hashlib.sha256(text.encode()).hexdigest()[:16]
+        with _contexts_lock:
+            _block_contexts[block] = found
+    # by qualified name only: the pack's own functions live in a module named after its folder inside ComfyUI
+    passed = [sorted((key, getattr(v, "__qualname__", type(v).__name__)) for key, v in value.items())
+              for value in (*args, *kwargs.values()) if isinstance(value, dict)]
+    return hashlib.sha256(f"{found}:{passed}".encode()).hexdigest()[:16] if passed else found
+
+
+def warm_loader() -> None:
+    """Import what loading a precompiled function imports the first time in a process (inductor's code generation
+    modules, which its saved wrapper code names: about 1.2 s on the 2-core test CPU), so the first kind loaded
+    in a prompt pays only its own ~30 ms. Run off the prompt's path (the CPU checks' thread)."""
+    if unavailable():
+        return
+    import torch._inductor.async_compile  # noqa: F401
+    import torch._inductor.codegen.memory_planning  # noqa: F401
+    import torch._inductor.select_algorithm  # noqa: F401
+
+
+# -- the child's side -------------------------------------------------------------------------------------
+def _guard_filter(entries) -> list[bool]:
+    """Which of Dynamo's guards the saved function keeps: what torch can save, minus the type checks on the block's
+    submodules (ComfyUI's operation classes are nested, which torch refuses to save); `context_of` stands for
+    them."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    keep = []
+    for guard in entries:
+        unsaveable = guard.is_global or guard.guard_type in CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+        on_a_type = "type(" in guard.name or "__mro__" in guard.name or (
+            guard.guard_type == "TYPE_MATCH" and guard.has_value
+            and type(guard.value).__qualname__ != type(guard.value).__name__)
+        keep.append(not (unsaveable or on_a_type))
+    return keep
+
+
+def precompile(entry_point: Callable, compile_kwargs: dict, block, args: tuple, kwargs: dict,
+               dynamic_dims: set) -> bytes:
+    """One graph of a kind for these inputs (`dynamic_dims` (tensor index, dim) marked as maybe-dynamic, as the
+    kind marks them in a compiled call), saved: the bytes of a precompiled function. Raises what torch raises
+    (a graph break: fullgraph)."""
+    kwargs_for_compile = dict(compile_kwargs)
+    options = dict(kwargs_for_compile.pop("options", None) or {})
+    mode = kwargs_for_compile.pop("mode", None)
+    if mode:  # torch.compile takes a mode or options: the mode becomes its options
+        from torch._inductor import list_mode_options
+
+        options = {**list_mode_options(mode, kwargs_for_compile.get("dynamic")), **options}
+    options["guard_filter_fn"] = _guard_filter
+    tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+    for index, dim in dynamic_dims:
+        if index < len(tensors) and dim < tensors[index].dim():
+            torch._dynamo.maybe_mark_dynamic(tensors[index], dim)
+    with torch._dynamo.config.patch(enable_aot_compile=True):  # scoped: read when the wrapper is made
+        compiled = torch.compile(entry_point, fullgraph=True, options=options, **kwargs_for_compile)
+    function = compiled.aot_compile(((block, *args), kwargs))
+    return type(function).serialize(function).serialized_data
+
+
+def kernels_of(payload: bytes, kernel_dir) -> dict[str, bytes]:
+    """The compiled C++ kernel libraries a saved function loads, by path under torch's cache directory `kernel_dir`
+    (the scope's TORCHINDUCTOR_CACHE_DIR): found by loading it once with inductor's per-process library caches
+    emptied (this is the child's own process), so exactly its kernels register. Saved with the function, a new
+    fleet worker loads them instead of building each one again with the C++ compiler (seconds a kernel on the
+    CPU). GPU kernels travel inside the function already."""
+    from torch._inductor.codecache import CppCodeCache, CppPythonBindingsCodeCache
+
+    caches = (CppPythonBindingsCodeCache, CppCodeCache)
+    kept = [dict(cache.cache) for cache in caches]
+    try:
+        for cache in caches:
+            cache.cache.clear()
+        torch.compiler.load_compiled_function(io.BytesIO(payload))
+        keys = {key for cache in caches for key in cache.cache}
+    finally:
+        for cache, entries in zip(caches, kept):
+            cache.cache.clear()
+            cache.cache.update(entries)
+    found = {}
+    for key in sorted(keys):
+        for path in sorted((kernel_dir / key[1:3]).glob(f"{key}*.so")):
+            found[str(path.relative_to(kernel_dir))] = path.read_bytes()
+    return found
+
+
+def pack(function: bytes, kernels: dict[str, bytes]) -> tuple[bytes, dict]:
+    """One file's payload (the function, then each kernel library) and the header entries that split it."""
+    return function + b"".join(kernels.values()), {
+        "function_size": len(function), "kernels": [[name, len(data)] for name, data in kernels.items()]}
+
+
+KERNEL_PATH = re.compile(r"[a-z0-9]{2}/[a-z0-9]+(\.[a-z]+)*\.so")  # torch's <key[1:3]>/<key>.main.so, nothing else
+
+
+def unpack(header: dict, payload: bytes, kernel_dir) -> bytes:
+    """The function's bytes; its kernel libraries written under `kernel_dir` where they are missing (owner-only,
+    atomically: store.write_atomic). A name that is not a kernel's path raises ValueError (the file was checked,
+    but never a path out of torch's directory)."""
+    from ..cache.store import write_atomic
+
+    size = header.get("function_size", len(payload))
+    offset = size
+    for name, length in header.get("kernels", ()):
+        if not KERNEL_PATH.fullmatch(name):
+            raise ValueError(f"not a kernel library's path: {name!r}")
+        path = kernel_dir / name
+        if not path.exists():
+            write_atomic(path, payload[offset:offset + length])
+        offset += length
+    return payload[:size]
+
+
+def file_name(context: str, graph_key: tuple) -> str:
+    """A graph's file name, from its context and its inputs' signature and marks: the same graph saved again
+    (another child, another worker) keeps one file; inputs of one shape in another layout (Wan's transposed
+    first input) are another graph."""
+    return hashlib.sha256(repr((context, graph_key)).encode()).hexdigest()[:20]
+
+
+# -- this process's side ----------------------------------------------------------------------------------
+class PrecompiledGraphs:
+    """The precompiled functions of one kind loaded in this process, per context (usually one)."""
+
+    def __init__(self):
+        self.functions: dict[str, list] = {}  # context -> loaded functions, in the order they were made
+        self.loaded_names: set[str] = set()
+        self.due = False  # the cache may hold functions not loaded yet (a child saved some, or found at start)
+        self.load_seconds = 0.0
+        self.calls = 0
+        self.refusals: list[str] = []  # files not loaded, and why
+        self._other_contexts: set[str] = set()  # contexts met with no function of theirs (logged once each)
+
+    @property
+    def expected(self) -> bool:
+        """Functions are loaded, or due to be."""
+        return self.due or bool(self.functions)
+
+    def load_due(self, read_files: Callable[[], list], kernel_dir=None) -> None:
+        """If functions are due, read the kind's files (`read_files()`) and load those not loaded yet."""
+        if self.due:
+            self.due = False
+            self.load(read_files(), kernel_dir)
+
+    def load(self, files: list[tuple[dict, bytes]], kernel_dir=None) -> int:
+        """Load the functions of `files` not loaded yet (their kernel libraries put under `kernel_dir` first);
+        how many. A file torch cannot load is left, with a log line (that kind's calls go the old way)."""
+        start, made = time.perf_counter(), 0
+        for header, payload in files:
+            name = header.get("name", "")
+            if name in self.loaded_names or header.get("format") != FORMAT:
+                continue
+            self.loaded_names.add(name)
+            try:
+                if kernel_dir is not None:
+                    payload = unpack(header, payload, kernel_dir)
+                function = torch.compiler.load_compiled_function(io.BytesIO(payload))
+            except Exception as err:  # noqa: BLE001  (another torch build, a damaged file: the old path)
+                why = f"{type(err).__name__}: {str(err)[:200]}"
+                self.refusals.append(why)
+                log.info("[Accel] Compile Model: a precompiled function of %s did not load (%s); that graph loads "
+                         "through Dynamo instead", header.get("label"), why)
+                continue
+            self.functions.setdefault(header["context"], []).append(function)
+            made += 1
+        self.load_seconds += time.perf_counter() - start
+        return made
+
+    def has(self, context: str) -> bool:
+        return bool(self.functions.get(context))
+
+    def call(self, context: str, block, args: tuple, kwargs: dict, label: str = ""):
+        """The block's output from the first function of `context` whose guards accept these inputs, else
+        NO_GRAPH (nothing ran)."""
+        if context not in self.functions and context not in self._other_contexts:
+            self._other_contexts.add(context)
+            log.info("[Accel] Compile Model: the precompiled graphs of %s were made for other blocks or settings "
+                     "(their classes, ComfyUI's flags or attention); these calls get graphs of their own", label)
+        for function in self.functions.get(context, ()):
+            if function.guard_check(block, *args, **kwargs):
+                self.calls += 1
+                return function.fn(block, *args, **kwargs)  # guards just checked: their compiled code
+        return NO_GRAPH
+
+    def stats(self) -> dict:
+        return {"functions": sum(len(f) for f in self.functions.values()), "calls": self.calls,
+                "load_seconds": round(self.load_seconds, 3), "refused": list(self.refusals[-5:])}
