@@ -8,7 +8,7 @@ Samples the model eagerly, then compiled: the first sampling while the child pro
 model compiled with other options (other compile keys, queued for a second child), then (after waiting for both
 children) the sampling that loads the graphs from the persistent cache, one more, and the other options' model.
 Then a new shape (a longer prompt, a wider latent): the sampling while a third child compiles its graph, the one
-that loads it, and one more. Auto mode's margins are set so compiled paths are kept whatever this machine
+that loads it, and one more; then a third shape along the same dimensions, which that graph serves. Auto mode's margins are set so compiled paths are kept whatever this machine
 measures: what is tested is where compiles happen, not which path is faster here. After each sampling the
 probe sleeps until work held for an idle moment has started, as a server waits between prompts (idle_gate.py).
 Prints one JSON line: Dynamo frames and torch's on-disk cache counters around each sampling and each wait for
@@ -93,6 +93,10 @@ def main() -> None:
     run("new shape, after its child", compiled, eager_new, **new_shape)
     run("new shape, warm", compiled, eager_new, **new_shape)
     result["new_shape_stats"] = engine.REGISTRY.stats()
+    # A third shape along the same dimensions: the new shape's graph made them dynamic, so it serves this one too
+    third_shape = {"tokens": 3 * family.tokens, "latent_shape": (*shape[:-1], 3 * shape[-1])}
+    run("third shape", compiled, sample(model, family, steps=args.steps, **third_shape), **third_shape)
+    result["third_shape_stats"] = engine.REGISTRY.stats()
     print("RESULT " + json.dumps(result, default=str), flush=True)
 
 

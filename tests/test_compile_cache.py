@@ -139,7 +139,8 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     """`python -m accel precompile` at a size no process sampled, then a new ComfyUI server runs a workflow at
     that size: its first prompt runs eagerly while a child saves each kind whole (precompiled.py), every graph
     from what precompile left in torch's caches (no cold graph); the next prompt is served by those precompiled
-    functions: the server itself never runs Dynamo."""
+    functions: the server itself never runs Dynamo. Nor does a restarted server on that cache, which starts no
+    child."""
     width, height = PRECOMPILED
     env = {**os.environ, "ACCEL_CACHE_DIR": str(shared["dir"]), "COMFYUI_DIR": str(comfyui_dir())}
     proc = subprocess.run([sys.executable, "-m", "accel", "precompile", "--model", "accel-sd15-small.safetensors",
@@ -169,6 +170,20 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     assert stats["totals"]["compiles"] == 0, f"the server ran Dynamo: {stats['totals']}"
     served = [k for k in stats["kinds"] if k["precompiled"]["calls"]]
     assert served and all(k["background"]["state"] == "done" for k in served), stats["kinds"]
+
+    # A restarted server on that cache: no child, and its compiled prompt (once inductor's CPU checks ran in
+    # their thread) served by the precompiled functions, nothing traced.
+    with ComfyServer(tmp_path / "restarted") as server:
+        server.run_workflow(graph)
+        while (background := server.get_json("/accel/stats")["compile"]["background"])["busy"]:
+            assert time.monotonic() < deadline + 300, f"the CPU checks did not finish: {background}"
+            time.sleep(1)
+        graph["8"]["inputs"]["seed"] += 1
+        server.run_workflow(graph)
+        stats = server.get_json("/accel/stats")["compile"]
+    assert background["finished"] == [], "the restarted server started a child"
+    assert stats["totals"]["compiles"] == 0, f"the restarted server ran Dynamo: {stats['totals']}"
+    assert sum(k["precompiled"]["calls"] for k in stats["kinds"]) > 0, stats["kinds"]
 
 
 def test_export_and_import_move_the_cache(shared, tmp_path):

@@ -418,7 +418,7 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
 
     # A new shape of the compiled kind (a longer prompt, a wider latent) compiles off the prompt's path too:
     # eagerly (equal to eager) while a third child compiles it, then its precompiled graph serves it.
-    new_while, new_after, new_warm = result["samplings"][5:]
+    new_while, new_after, new_warm = result["samplings"][5:8]
     assert ran_eagerly(new_while), f"a new shape's blocks did not run eagerly while compiling: {new_while}"
     assert result["new_shape_waited"], "the new shape's background compile did not finish"
     new_jobs = result["new_shape_stats"]["background"]["finished"][2:]
@@ -427,10 +427,19 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
     assert len({j["pid"] for j in every_job}) == 1, f"the jobs did not share one waiting child: {every_job}"
     for sampling in (new_while, new_after, new_warm, result["new_shape_wait_counters"]):
         assert sampling["frames"] == 0, f"Dynamo traced in this process: {sampling}"
-    new_kind = next(k for k in result["new_shape_stats"]["kinds"] if "new input shape" in k["background"]["reason"])
+    index, new_kind = next((i, k) for i, k in enumerate(result["new_shape_stats"]["kinds"])
+                           if "new input shape" in k["background"]["reason"])
     assert new_kind["precompiled"]["functions"] >= 2, new_kind  # the first shape's graph and the new one's
     for sampling in (new_after, new_warm):
         assert sampling["max_abs_diff"] <= 2e-5 * sampling["eager_max_abs"], sampling
+
+    # A third shape along the same dimensions (a still longer prompt, a still wider latent): the new shape's
+    # graph has them dynamic and serves it at once, with no new child and nothing traced.
+    third = result["samplings"][8]
+    assert third["frames"] == 0 and third["max_abs_diff"] <= 2e-5 * third["eager_max_abs"], third
+    assert len(result["third_shape_stats"]["background"]["finished"]) == len(every_job), "a child was started"
+    served = result["third_shape_stats"]["kinds"][index]["precompiled"]["calls"]  # the registry's order: stable
+    assert served > new_kind["precompiled"]["calls"], (served, new_kind)
 
 
 def test_block_skeletons_carry_layouts_not_weights(engine, comfy_nodes):
@@ -540,12 +549,14 @@ def test_compile_vae_defaults_compile_off_the_first_decode(engine, tmp_path):
     CPU with few cores the child starts once the process is idle after the decode, not beside it); the child's
     graphs load whole, as precompiled functions (no Dynamo frame in this process), and the decodes after it stay
     within the compiled tolerance of eager. Then a restart (a new process on that cache): no child, the first
-    decode again eager (on the CPU the kind waits for inductor's CPU checks, run in a thread), then loaded whole."""
+    decode again eager (on the CPU the kind waits for inductor's CPU checks, run in a thread), then loaded whole.
+    And with precompiled functions off, on a cache of its own: the old path (Dynamo loads the child's graphs from
+    torch's caches), as the stats say."""
     env = {**os.environ, "ACCEL_CACHE_DIR": str(tmp_path / "cache")}
 
-    def run_probe() -> dict:
+    def run_probe(**more_env) -> dict:
         proc = subprocess.run([sys.executable, str(VAE_BACKGROUND_PROBE)], capture_output=True, text=True,
-                              env=env, timeout=900)
+                              env={**env, **more_env}, timeout=900)
         assert proc.returncode == 0, proc.stderr[-4000:]
         return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
@@ -576,3 +587,18 @@ def test_compile_vae_defaults_compile_off_the_first_decode(engine, tmp_path):
     (kind,) = restart["kinds"]
     assert kind["background"]["state"] == "not needed" and "CPU checks" in kind["background"]["reason"], kind
     assert_loaded_whole(later, restart["wait_counters"], restart["kinds"])
+
+    # Without precompiled functions (ACCEL_PRECOMPILED=0, as where torch lacks AOT precompile), on a cache of its
+    # own: the old path, said in the stats. The child's graphs load through Dynamo from torch's caches (hits only).
+    env["ACCEL_CACHE_DIR"] = str(tmp_path / "cache-without")
+    old = run_probe(ACCEL_PRECOMPILED="0")
+    first, *later = old["decodes"]
+    assert first["frames"] == 0 and first["max_abs_diff"] <= 1e-5 * first["eager_max_abs"], first
+    (kind,) = old["kinds"]
+    assert kind["background"]["state"] == "done" and "not precompiled" in kind["background"]["reason"], kind
+    assert kind["precompiled"]["functions"] == 0, kind
+    loads = [old["wait_counters"], *later]
+    assert sum(d["frames"] for d in loads) >= 1 and sum(d["fx_graph_misses"] for d in loads) == 0, loads
+    assert later[-1]["frames"] == 0, "a decode after the graphs were loaded compiled again"
+    for decode in later:
+        assert decode["max_abs_diff"] <= 2e-5 * decode["eager_max_abs"], decode

@@ -72,6 +72,7 @@ class CallPlan:
     blocks: int = 0
     served_before: tuple | None = None  # the kinds' counts of compiled and eager block calls before the call
     new_shapes_in_background: bool = False  # a compiled kind's new input shape may go to a child in this call
+    compiles_in_background: bool = False  # the model's options let a child compile (choose=auto, background)
     window: Window | None = None  # the pack's own work seen from the call's start (a sample only if none)
     graphs_missing: bool = False  # some block ran eagerly for a graph not here yet (a child's, or loading)
 
@@ -202,7 +203,7 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
         return CallPlan(CallMode.PROFILE, False, background, device_type)
     auto.profiled = True  # every kind's share is known (saved by an earlier process): nothing to profile
     checking = auto.verdict is None and all(e.choice.decided or e.failure for e in entries) and not any(
-        e.background.waiting or e.background.compiling_new_shape or e.loads_after_cpu_checks for e in entries)
+        e.background.waiting or e.background.compiling_new_shape or e.loads_between_prompts for e in entries)
     if checking and not any(e.path == "compiled" for e in entries):
         auto.settle("eager", "no block kind was worth compiling or faster compiled: running this model eagerly",
                     close_call=any(e.choice.close_call for e in entries))
@@ -213,9 +214,10 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
     if checking:
         mode = CallMode.CHECK_COMPILED if auto.next_check_path() == "compiled" else CallMode.CHECK_EAGER
         return CallPlan(mode, False, background, device_type, _compiles_here(entries, background),
-                        settled_before=_settled_state(entries), new_shapes_in_background=new_shapes)
+                        settled_before=_settled_state(entries), new_shapes_in_background=new_shapes,
+                        compiles_in_background=background_allowed)
     return CallPlan(CallMode.DISPATCH, False, background, device_type, _compiles_here(entries, background),
-                    new_shapes_in_background=new_shapes)
+                    new_shapes_in_background=new_shapes, compiles_in_background=background_allowed)
 
 
 def start_call(record, plan: CallPlan) -> None:

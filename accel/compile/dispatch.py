@@ -16,7 +16,7 @@ from .kinds import WOULD_COMPILE, KindEntry, input_signature, tensor_shapes, wai
 
 PATCHED = "another node patched the attention or the UNet"
 IN_BACKGROUND = "compiling in the background"
-LOADS_AFTER_CPU_CHECKS = "compiled, loads once inductor's CPU checks ran"
+LOADS_BETWEEN_PROMPTS = "compiled, loads between prompts"
 TIMING_EAGER_SIDE = "timing: the eager side of the per-kind choice"
 NEW_SHAPE_IN_BACKGROUND = "a new input shape compiling in the background"
 
@@ -103,9 +103,9 @@ class BlockDispatcher:
             return self._timed(lambda: entry.forward(block, *args, **kwargs), plan.kind_seconds, entry.key)
         if waits:
             return entry.run_eager(block, args, kwargs, IN_BACKGROUND)
-        if plan.new_shapes_in_background and entry.loads_after_cpu_checks:
+        if plan.new_shapes_in_background and entry.loads_between_prompts:
             plan.graphs_missing = True
-            return entry.run_eager(block, args, kwargs, LOADS_AFTER_CPU_CHECKS)
+            return entry.run_eager(block, args, kwargs, LOADS_BETWEEN_PROMPTS)
         if self.eager_reason:
             return entry.run_eager(block, args, kwargs, self.eager_reason)
         make_call = self._make_call(args, kwargs)
@@ -113,7 +113,11 @@ class BlockDispatcher:
             return entry.run_eager(block, args, kwargs, PATCHED)
         if plan.always_compiled:
             return self._compiled(make_call, args, kwargs)
-        if plan.new_shapes_in_background and entry.can_refuse_compiles:
+        # A kind served by precompiled functions always asks them first and compiles nothing here: its guards
+        # are checked at every call anyway, and they may refuse what the model-level shapes did not show (an
+        # inference tensor where the child's graph had a normal one).
+        refuses = plan.new_shapes_in_background or (plan.compiles_in_background and entry.precompiled.expected)
+        if refuses and entry.can_refuse_compiles:
             return run_on_chosen_path(entry, block, args, kwargs, plan.device_type,
                                       lambda: self._compiled_or_eager(make_call, args, kwargs))
         if plan.new_shapes_in_background and self._new_shape_in_background(make_call):  # kinds with graph breaks

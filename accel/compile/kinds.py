@@ -25,6 +25,7 @@ from ..cache import COMPILE_CACHE
 from ..cache.store import key_id, out_of_room
 from .background import KindBackground, hold_until_idle
 from .background.cpu_checks import CPU_CHECKS
+from .background.loader import LOADER
 from .background.skeleton import CaptureError, dump_skeleton
 from .blocks import BlockKind
 from .cpu_isa import vec_isa_options
@@ -117,11 +118,13 @@ def compile_kwargs(options: CompileOptions, device_type: str) -> dict:
 
 
 def input_signature(args: tuple, kwargs: dict) -> tuple:
-    """What of a call's inputs Dynamo guards on: tensor shapes, layouts, dtypes and devices, scalar values, grad
-    mode. (Layout as contiguous or not: a transposed input is another graph, Wan's first block gets one.)"""
+    """What of a call's inputs Dynamo guards on: tensor shapes, layouts, dtypes and devices, whether each is an
+    inference tensor, scalar values, grad mode. (Layout as contiguous or not: a transposed input is another graph,
+    Wan's first block gets one. An inference tensor has other dispatch keys: the same UNet block got normal
+    hidden states in one prompt and inference ones in another of a mixed run, bench/soak.py.)"""
     def describe(value):
         if isinstance(value, torch.Tensor):
-            return (tuple(value.shape), value.dtype, value.device, value.is_contiguous())
+            return (tuple(value.shape), value.dtype, value.device, value.is_contiguous(), value.is_inference())
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
         return type(value)
@@ -250,6 +253,7 @@ class KindEntry:
             if not env.has_precompiled(self.cache_id):
                 return True
             self.precompiled.due = True
+            LOADER.load_when_idle([self])  # at the next idle moment (on the CPU once the checks ran), or next call
             if self.device_type == "cpu" and CPU_CHECKS.wait_for_them(self.background, hold_until_idle("cpu")):
                 return False
             self.background.not_needed("found precompiled in the persistent compile cache")
@@ -279,11 +283,11 @@ class KindEntry:
         return bool(self.seen_inputs) or self.precompiled.calls > 0
 
     @property
-    def loads_after_cpu_checks(self) -> bool:
-        """Precompiled graphs wait to be loaded, and on the CPU loading them now would run inductor's per-process CPU
-        checks (seconds) in the prompt: until those ran in their thread (cpu_checks.py), its blocks run eagerly."""
-        return (self.precompiled.due and self.device_type == "cpu" and not CPU_CHECKS.done
-                and self.compiles == 0 and not self.precompiled.functions)
+    def loads_between_prompts(self) -> bool:
+        """The kind's precompiled graphs are due and none is loaded yet: with the background compile its blocks run
+        eagerly until they load at an idle moment (background/loader.py; on the CPU once inductor's checks ran),
+        since loading in a prompt costs about 0.1 s a kind, 3x a 50 ms prompt."""
+        return self.precompiled.due and self.compiles == 0 and not self.precompiled.functions
 
     def would_compile(self, args: tuple, kwargs: dict) -> bool:
         """A compiled call with these inputs would make a new graph here: its input signature was never run
@@ -318,7 +322,7 @@ class KindEntry:
         if self.failure:
             return self.run_eager(block, args, kwargs, self.reason)
         self.last_call_warm = False
-        out = self._call_precompiled(block, make_call)
+        out = self._call_precompiled(block, make_call, may_load=may_compile)
         if out is not NO_GRAPH:
             return out
         if not may_compile and self.compiles == 0:  # no Dynamo graph either: it would compile
@@ -344,11 +348,16 @@ class KindEntry:
             self.last_call_warm = seen
         return out
 
-    def _call_precompiled(self, block, make_call: Callable[[], tuple[tuple, dict]]):
-        """The call served by a precompiled function of the kind (precompiled.py), loading those due first (not on
-        the CPU before its checks: `loads_after_cpu_checks`); NO_GRAPH when none accepts the inputs."""
-        graphs = self.precompiled
-        if graphs.due and not (self.device_type == "cpu" and not CPU_CHECKS.done):
+    def load_precompiled(self) -> bool:
+        """Load the kind's due precompiled functions (precompiled.py) now: at an idle moment (background/loader.py)
+        or at its next call, whichever comes first. False when they cannot load yet: on the CPU before inductor's
+        per-process checks ran (loading would run them here: seconds)."""
+        with self._calls:
+            graphs = self.precompiled
+            if not graphs.due:
+                return True
+            if self.device_type == "cpu" and not CPU_CHECKS.done:
+                return False
             loaded = len(graphs.loaded_names)
             env = COMPILE_CACHE.environment(self.device_type)
             with env.loading():
@@ -356,10 +365,17 @@ class KindEntry:
             if len(graphs.loaded_names) != loaded:
                 log.info("[Accel] Compile Model: %s loaded %d precompiled graphs (%.2f s in all so far)",
                          self.kind.label, len(graphs.loaded_names) - loaded, graphs.load_seconds)
-                return NO_GRAPH if not graphs.functions else self._serve_precompiled(block, make_call, warm=False)
+            return True
+
+    def _call_precompiled(self, block, make_call: Callable[[], tuple[tuple, dict]], may_load: bool):
+        """The call served by a precompiled function of the kind; NO_GRAPH when none accepts the inputs. With
+        `may_load` (a call that may compile anyway) it loads those still due first; without, they load between
+        prompts (background/loader.py) and inputs only they would serve get NO_GRAPH meanwhile."""
+        graphs = self.precompiled
+        loads_now = may_load and graphs.due and self.load_precompiled() and not graphs.due
         if not graphs.functions:
             return NO_GRAPH
-        return self._serve_precompiled(block, make_call, warm=True)
+        return self._serve_precompiled(block, make_call, warm=not loads_now)  # a call that loaded: no fair timing
 
     def _serve_precompiled(self, block, make_call, warm: bool):
         call_args, call_kwargs = make_call()

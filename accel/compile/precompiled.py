@@ -39,7 +39,7 @@ log = logging.getLogger("comfyui_accel")
 
 ENV = "ACCEL_PRECOMPILED"
 NO_GRAPH = object()  # `PrecompiledGraphs.call`'s answer when no loaded function accepts the inputs
-FORMAT = 1  # bump when what a file holds or how its context is computed changes
+FORMAT = 2  # bump when what a file holds or how its context is computed changes
 # ComfyUI flags that change no compiled code: where it listens, logs and keeps files (fleet workers differ there)
 NOT_COMPUTE_FLAGS = ("listen", "port", "tls", "cors", "dir", "directory", "path", "preview", "log", "verbose",
                      "launch", "upload", "front_end", "user", "database", "multi_user", "quick_test", "metadata",
@@ -259,7 +259,11 @@ class PrecompiledGraphs:
             try:
                 if kernel_dir is not None:
                     payload = unpack(header, payload, kernel_dir)
-                function = torch.compiler.load_compiled_function(io.BytesIO(payload))
+                # Its guards are rebuilt here, and a tensor's dispatch keys are read against the thread's modes:
+                # rebuilt outside inference mode, they refused the inference tensors of ComfyUI's sampling.
+                with torch.inference_mode(header.get("inference", False)), \
+                        torch.set_grad_enabled(header.get("grad", False)):
+                    function = torch.compiler.load_compiled_function(io.BytesIO(payload))
             except Exception as err:  # noqa: BLE001  (another torch build, a damaged file: the old path)
                 why = f"{type(err).__name__}: {str(err)[:200]}"
                 self.refusals.append(why)
@@ -270,9 +274,6 @@ class PrecompiledGraphs:
             made += 1
         self.load_seconds += time.perf_counter() - start
         return made
-
-    def has(self, context: str) -> bool:
-        return bool(self.functions.get(context))
 
     def call(self, context: str, block, args: tuple, kwargs: dict, label: str = ""):
         """The block's output from the first function of `context` whose guards accept these inputs, else

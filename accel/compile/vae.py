@@ -18,7 +18,7 @@ from .. import telemetry
 from ..cache import COMPILE_CACHE
 from .background import BACKGROUND, Capture, hold_until_idle
 from .blocks import BlockKind
-from .dispatch import (IN_BACKGROUND, LOADS_AFTER_CPU_CHECKS, NEW_SHAPE_IN_BACKGROUND, new_shape_goes_to_child,
+from .dispatch import (IN_BACKGROUND, LOADS_BETWEEN_PROMPTS, NEW_SHAPE_IN_BACKGROUND, new_shape_goes_to_child,
                        run_on_chosen_path)
 from .kinds import WOULD_COMPILE, KindEntry, input_signature
 from .options import CompileOptions
@@ -68,8 +68,8 @@ class CompiledMethod:
         background = options.compiles_in_background and policy.allows("background_compile")
         if background and self._compiling_in_background(entry, args, kwargs, device):
             return entry.run_eager(self.module, args, kwargs, IN_BACKGROUND)
-        if background and entry.loads_after_cpu_checks:
-            return entry.run_eager(self.module, args, kwargs, LOADS_AFTER_CPU_CHECKS)
+        if background and entry.loads_between_prompts:
+            return entry.run_eager(self.module, args, kwargs, LOADS_BETWEEN_PROMPTS)
         if background and entry.can_refuse_compiles:
             return run_on_chosen_path(entry, self.module, args, kwargs, device.type,
                                       lambda: self._compiled_or_eager(entry, args, kwargs, device))

@@ -6,6 +6,7 @@
   until it has been idle a while (`BACKGROUND`);
 - idle_gate.py: on a CPU with few cores, held work starts at this process's next idle moment (`IDLE_GATE`);
 - cpu_checks.py: inductor's per-process CPU checks in a thread, before kinds found in the cache load;
+- loader.py: kinds' precompiled functions loaded at an idle moment, not in a prompt;
 - activity.py: the pack's own work running now (a child, the CPU checks), so no timing is taken beside it;
 - child.py: `python -m accel compile-worker DIR`, imported only there (it needs the registry, which needs this).
 """

@@ -92,7 +92,9 @@ def run_job(directory: Path, parent: int) -> int:
                 entry.run_compiled(block, lambda: (args, kwargs), args, kwargs)  # noqa: B023
                 marks.append(set(entry.dynamic_dims))
             compiled_seconds = time.perf_counter() - start
-            precompiled = None if entry.failure else save_precompiled(entry, block, item["calls"], marks)
+            precompiled = None if entry.failure else save_precompiled(entry, block, item["calls"], marks,
+                                                                       {"grad": item["grad"],
+                                                                        "inference": item["inference"]})
         results.append({"cache_id": entry.cache_id, "kind": entry.kind.label, "failure": entry.failure,
                         "seconds": round(time.perf_counter() - start, 2), "compiles": entry.compiles,
                         "fx_graph_misses": entry.disk_cache.get("fx_graph_misses", 0), "precompiled": precompiled})
@@ -104,10 +106,12 @@ def run_job(directory: Path, parent: int) -> int:
     return 0
 
 
-def save_precompiled(entry, block, calls: list[bytes], marks: list[set]) -> int | str:
+def save_precompiled(entry, block, calls: list[bytes], marks: list[set], modes: dict) -> int | str:
     """Save the kind's graph for each call's layouts as a precompiled function (compile/precompiled.py), after the
-    compiled calls above (its graphs then come from torch's caches they filled). The number saved, or why none
-    (torch without it, a block that does not compile whole): the kind then loads the old way in ComfyUI's process."""
+    compiled calls above (its graphs then come from torch's caches they filled), under the grad and inference
+    modes of the captured call (`modes`, kept in each file: its guards are rebuilt under them when loaded). The
+    number saved, or why none (torch without it, a block that does not compile whole): the kind then loads the old
+    way in ComfyUI's process."""
     from ...cache import COMPILE_CACHE
     from .. import precompiled
     from ..kinds import _entry_point, compile_kwargs, input_signature
@@ -139,7 +143,7 @@ def save_precompiled(entry, block, calls: list[bytes], marks: list[set]) -> int 
             log.info("[Accel] background compile: %s cannot be precompiled (%s)", entry.kind.label, why)
             return why
         env.save_precompiled(entry.cache_id, name, payload, entry.kind.label,
-                             {"name": name, "format": precompiled.FORMAT, "context": context, **layout})
+                             {"name": name, "format": precompiled.FORMAT, "context": context, **modes, **layout})
         saved += 1
     return saved
 

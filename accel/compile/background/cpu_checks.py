@@ -10,7 +10,7 @@ first prompt took 19.5 s where eager took 1.5 s (bench/report.py, 2026-11-23).
 
 So on the CPU, with choose=auto and a background compile:
 - a kind found precompiled in the persistent cache waits for the checks (its blocks run eagerly, like a kind a
-  child compiles), then loads at its next call, in milliseconds (precompiled.py);
+  child compiles), then loads at the next idle moment (loader.py), in about 0.1 s;
 - the checks start in a daemon thread at this process's next idle moment on a CPU with at most 4 cores (the
   sampler and the VAE decode need them; as held background jobs, idle_gate.py), at once elsewhere; also when
   kinds go to a child, so the process has them done when the child's graphs come back.
@@ -28,6 +28,7 @@ from ... import telemetry
 from .activity import ACTIVITY
 from ..precompiled import warm_loader
 from .idle_gate import IDLE_GATE
+from .loader import LOADER
 from .state import KindBackground
 
 log = logging.getLogger("comfyui_accel")
@@ -118,6 +119,7 @@ class CpuChecks:
             waiting, self._waiting = self._waiting, []
         for background in waiting:
             background.cpu_checks_done()
+        LOADER.load_when_idle([])  # kinds found precompiled, waiting for these checks to load
         log.info("[Accel] inductor's CPU checks done in %.1f s off the prompt's path", self.seconds)
         telemetry.record("compile_model", "cpu_checks_done", seconds=self.seconds)  # kinds found in the cache move
 

@@ -4,9 +4,10 @@ choose="auto": when a kind must be compiled and the persistent cache holds nothi
 goes on eagerly and one block of that kind is captured with the layouts of its call's inputs. After the call, a
 child process (`python -m accel compile-worker DIR`, child.py) compiles the captured kinds into the persistent
 compile cache, the same way a compiled call here would, and saves each graph whole as a precompiled function
-(precompile.py). Meanwhile those blocks run eagerly. Once the child is done, this process loads the precompiled
-functions at the kind's next call: milliseconds, no Dynamo tracing (docs/benchmarks/cold_start.md). Where torch
-cannot precompile a kind, it compiles again here at its next call, from torch's on-disk caches.
+(precompiled.py). Meanwhile those blocks run eagerly. Once the child is done, this process loads the precompiled
+functions at its next idle moment (loader.py): about 0.1 s a kind, no Dynamo tracing
+(docs/benchmarks/cold_start.md). Where torch cannot precompile a kind, it compiles again here at its next call,
+from torch's on-disk caches.
 
 The child stays for later jobs (one at a time, sent as a job directory per line on its stdin) until it has been
 idle for `ACCEL_BACKGROUND_IDLE_SECONDS` (0: one child per job): each new child pays torch's and ComfyUI's imports
@@ -58,6 +59,7 @@ from ..precompiled import warm_loader
 from .activity import ACTIVITY
 from .cpu_checks import CPU_CHECKS
 from .idle_gate import IDLE_GATE
+from .loader import LOADER
 from .skeleton import CaptureError, dump_skeleton
 
 log = logging.getLogger("comfyui_accel")
@@ -164,7 +166,7 @@ class BackgroundCompiler:
     def busy(self) -> bool:
         """Background work is still to come for this process: a job, kinds waiting for inductor's CPU checks (or
         the checks running). What the demo and the HTTP tests wait on."""
-        return self.has_jobs or CPU_CHECKS.busy
+        return self.has_jobs or CPU_CHECKS.busy or bool(LOADER.pending)
 
     def compiling(self) -> bool:
         """A child works on a job now (its start included): the machine is not the sampler's alone."""
@@ -339,6 +341,7 @@ class BackgroundCompiler:
                 return False
             time.sleep(0.05)
             self.poll()
+        LOADER.load_all_now()  # the children's graphs loaded too
         return True
 
     def _finish(self, job: Job) -> None:
@@ -359,11 +362,12 @@ class BackgroundCompiler:
             result = by_id.get(entry.cache_id)
             if result and not result.get("failure"):  # compiled and saved, even if the job went wrong after
                 entry.background.done(result["seconds"], result.get("precompiled"))
-                entry.precompiled.due = isinstance(result.get("precompiled"), int)  # loaded at its next call
+                entry.precompiled.due = isinstance(result.get("precompiled"), int)
             else:
                 why = (result or {}).get("failure") or error or f"the child exited with code {returncode}"
                 entry.background.failed(why)
                 failed.append(entry.kind.label)
+        LOADER.load_when_idle([e for e in job.entries if e.precompiled.due])  # between prompts
         record = {"pid": job.worker.process.pid, "kinds": [e.kind.label for e in job.entries],
                   "wall_seconds": round(wall, 1), "returncode": returncode,
                   "cold_graphs": sum(r.get("fx_graph_misses", 0) for r in results.get("kinds", [])),
@@ -392,7 +396,7 @@ class BackgroundCompiler:
             queued = [e.kind.label for _, entries, _ in self._queue for e in entries]
             held = [e.kind.label for _, entries, _ in self._held for e in entries]
         return {"busy": self.busy, "running": running, "queued": queued, "held_until_idle": held,
-                "finished": list(self.history), "cpu_checks": CPU_CHECKS.stats(),
+                "finished": list(self.history), "cpu_checks": CPU_CHECKS.stats(), "loading": LOADER.pending,
                 "idle_gate": IDLE_GATE.stats()}
 
 

@@ -14,8 +14,8 @@ Every move a kind makes goes through `KindBackground`, so the states and who may
 UNDECIDED: not looked at yet. NOT_NEEDED: compiled here (warm, or found in the persistent cache, or too small to
 compile at all). CAPTURED: one of its blocks was captured in this call, sent to a child when the call ends.
 PENDING: a child compiles it. DONE: the child's graphs are in the persistent cache, saved whole where torch can
-(precompiled.py); this process loads them at the kind's next call, in milliseconds (on the CPU once its checks
-ran: cpu_checks.py), which changes no state.
+(precompiled.py); this process loads them at its next idle moment (loader.py; on the CPU once its checks ran:
+cpu_checks.py), which changes no state.
 FAILED: it could not be sent or the child failed; it compiles here at its next call.
 NEW_SHAPE_*: the kind runs compiled, and a call with inputs of a new shape (a longer prompt, another size) would
 compile again: a child compiles that graph while calls of the new shape run eagerly, those of shapes already
