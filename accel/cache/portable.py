@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 from .location import environment_id, fingerprint
-from .store import SHARES_FILE, unpack_artifact, write_atomic
+from .store import PRECOMPILED_DIR, SHARES_FILE, unpack_artifact, write_atomic
 
 FORMAT = "comfyui-accel-compile-cache/2"  # /2: the manifest has each file's sha256
 READABLE = (FORMAT, "comfyui-accel-compile-cache/1")
@@ -34,7 +34,8 @@ def export_cache(root: Path, destination: Path) -> dict:
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as archive:
         for env_dir in sorted(p for p in root.iterdir() if (p / "fingerprint.json").is_file()):
             files, hashes = [], {}
-            for path in sorted((env_dir / "artifacts").glob("*/*.bin")):
+            artifacts = env_dir / "artifacts"  # each key's artifacts, and its precompiled functions (store.py)
+            for path in sorted([*artifacts.glob("*/*.bin"), *artifacts.glob(f"*/{PRECOMPILED_DIR}/*.bin")]):
                 try:
                     unpack_artifact(path.read_bytes())
                 except ValueError:
@@ -107,7 +108,8 @@ def _check_entry(archive: zipfile.ZipFile, source: Path, env: dict, name: str, h
     """Refuse (ValueError naming the entry) a name outside the environment's own files, a file whose hash is not
     the manifest's, or a damaged artifact: before anything is written."""
     parts = name.split("/")
-    artifact = len(parts) == 4 and parts[1] == "artifacts"
+    artifact = (len(parts) == 4 and parts[1] == "artifacts") or (
+        len(parts) == 5 and parts[1] == "artifacts" and parts[3] == PRECOMPILED_DIR)
     shares = parts[1:] == [SHARES_FILE]
     if parts[0] != env["env_id"] or not (artifact or shares or parts[1:2] == ["inductor"]) or \
             ".." in parts or "" in parts:
