@@ -49,7 +49,7 @@ def run_on_chosen_path(entry: KindEntry, block, args: tuple, kwargs: dict, devic
 def new_shape_goes_to_child(entry: KindEntry, block, attribute: str, make_call, captures: dict) -> bool:
     """A call's inputs need a graph the compiled kind does not have. True when the call runs eagerly because a
     child compiles that graph (captured now into `captures`, by kind key, which the caller sends when its call
-    ends; or a child is already on the kind) or saved it and this process loads it at the kind's next call; False
+    ends; or a child is already on the kind) or saved it and this process loads it between prompts (loader.py); False
     when nothing else will: the kind compiles it here, as before background compiles (a child failed on it)."""
     background = entry.background
     call_args, call_kwargs = make_call()
