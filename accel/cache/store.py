@@ -274,26 +274,28 @@ class EnvironmentCache:
         self._fill_from_remote(ident)
         return any((self.artifacts_dir / ident).glob("*.bin"))
 
-    def _fill_from_remote(self, ident: str) -> None:
-        """Once per process and key: the remote store's verified artifacts of `ident` that this directory lacks
-        are written into it (the store's own checks are in remote.py; a file is then loaded as a local one)."""
+    def _fill_from_remote(self, ident: str, precompiled: bool = False) -> None:
+        """Once per process and key: the remote store's verified artifacts of `ident` (with `precompiled`, its
+        precompiled functions) that this directory lacks are written into it (the store's own checks are in
+        remote.py; a file is then loaded as a local one)."""
         remote = remote_store()
+        asked = ident + PRECOMPILED_SUFFIX if precompiled else ident  # their key in the store
         with self._lock:
-            if remote is None or ident in self._asked_remote or not self.check_usable():
+            if remote is None or asked in self._asked_remote or not self.check_usable():
                 return
-            self._asked_remote.add(ident)
-        key_dir = self.artifacts_dir / ident
-        have = {path.name for path in key_dir.glob("*.bin")}
-        for name, data in remote.fetch(self.env_id, ident, have).items():
+            self._asked_remote.add(asked)
+        folder = self.artifacts_dir / ident / (PRECOMPILED_DIR if precompiled else "")
+        have = {path.name for path in folder.glob("*.bin")}
+        for name, data in remote.fetch(self.env_id, asked, have).items():
             if not ARTIFACT_NAME.fullmatch(name):  # signed, but never a path out of the key's folder
                 continue
             try:
-                write_atomic(key_dir / name, data)
+                write_atomic(folder / name, data)
             except OSError as err:
                 log.warning("[Accel] compile cache: could not write %s from the remote store (%s); it is compiled "
-                            "here instead.", key_dir / name, err)
+                            "here instead.", folder / name, err)
                 return
-            self.stats["artifacts_from_remote"] += 1
+            self.stats["precompiled_from_remote" if precompiled else "artifacts_from_remote"] += 1
 
     # -- artifacts ------------------------------------------------------------------------------------
     def _load(self, ident: str) -> None:
@@ -370,7 +372,7 @@ class EnvironmentCache:
         store, whose verified files are then written here)."""
         folder = self.artifacts_dir / ident / PRECOMPILED_DIR
         if not any(folder.glob("*.bin")):
-            self._fill_precompiled_from_remote(ident)
+            self._fill_from_remote(ident, precompiled=True)
         return any(folder.glob("*.bin"))
 
     def precompiled_files(self, ident: str) -> list[tuple[dict, bytes]]:
@@ -427,25 +429,6 @@ class EnvironmentCache:
         remote = remote_store()
         if remote is not None:
             remote.publish(self.env_id, self.fingerprint, ident + PRECOMPILED_SUFFIX, path.name, data, label)
-
-    def _fill_precompiled_from_remote(self, ident: str) -> None:
-        remote = remote_store()
-        asked = ident + PRECOMPILED_SUFFIX
-        with self._lock:
-            if remote is None or asked in self._asked_remote or not self.check_usable():
-                return
-            self._asked_remote.add(asked)
-        folder = self.artifacts_dir / ident / PRECOMPILED_DIR
-        have = {path.name for path in folder.glob("*.bin")}
-        for name, data in remote.fetch(self.env_id, asked, have).items():
-            if not ARTIFACT_NAME.fullmatch(name):  # signed, but never a path out of the folder
-                continue
-            try:
-                write_atomic(folder / name, data)
-            except OSError as err:
-                log.warning("[Accel] compile cache: could not write %s from the remote store (%s).", folder / name, err)
-                return
-            self.stats["precompiled_from_remote"] += 1
 
     # -- size cap ---------------------------------------------------------------------------------------
     def evict_if_needed(self, force: bool = False) -> None:

@@ -39,7 +39,7 @@ log = logging.getLogger("comfyui_accel")
 
 ENV = "ACCEL_PRECOMPILED"
 NO_GRAPH = object()  # `PrecompiledGraphs.call`'s answer when no loaded function accepts the inputs
-FORMAT = 2  # bump when what a file holds or how its context is computed changes
+FORMAT = 3  # bump when what a file holds or how its context is computed changes
 # ComfyUI flags that change no compiled code: where it listens, logs and keeps files (fleet workers differ there)
 NOT_COMPUTE_FLAGS = ("listen", "port", "tls", "cors", "dir", "directory", "path", "preview", "log", "verbose",
                      "launch", "upload", "front_end", "user", "database", "multi_user", "quick_test", "metadata",
@@ -61,6 +61,7 @@ def unavailable() -> str:
 _comfy_identity: str | None = None
 _block_contexts: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
 _contexts_lock = threading.Lock()
+_with_passed: dict[tuple, str] = {}  # (block context, functions passed in the call's dicts) -> context
 
 
 def _comfyui_identity() -> str:
@@ -107,9 +108,14 @@ def context_of(block: torch.nn.Module, forward: Callable, args: tuple, kwargs: d
         with _contexts_lock:
             _block_contexts[block] = found
     # by qualified name only: the pack's own functions live in a module named after its folder inside ComfyUI
-    passed = [sorted((key, getattr(v, "__qualname__", type(v).__name__)) for key, v in value.items())
-              for value in (*args, *kwargs.values()) if isinstance(value, dict)]
-    return hashlib.sha256(f"{found}:{passed}".encode()).hexdigest()[:16] if passed else found
+    passed = tuple(tuple(sorted((key, getattr(v, "__qualname__", type(v).__name__)) for key, v in value.items()))
+                   for value in (*args, *kwargs.values()) if isinstance(value, dict))
+    if not passed:
+        return found
+    digest = _with_passed.get((found, passed))  # every block call asks: hashed once per combination
+    if digest is None:
+        digest = _with_passed[(found, passed)] = hashlib.sha256(f"{found}:{passed}".encode()).hexdigest()[:16]
+    return digest
 
 
 def warm_loader() -> None:
