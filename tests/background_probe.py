@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--family", default="ltxv")
     args = parser.parse_args()
 
-    engine = load_pack().accel.compile
+    engine = load_pack(as_in_a_server=True).accel.compile
     import nodes
     from compile_helpers import dynamo_frames, wait_for_idle_release
     from families import BY_FAMILY, load, sample

@@ -53,7 +53,7 @@ def main() -> None:
 
     valid_vec_isa_list()
     before = torch_state()
-    engine = load_pack().accel.compile
+    engine = load_pack(as_in_a_server=True).accel.compile
     if args.family:
         import families
 

@@ -22,7 +22,7 @@ from tools.comfy_env import load_pack  # noqa: E402
 
 
 def main() -> None:
-    engine = load_pack().accel.compile
+    engine = load_pack(as_in_a_server=True).accel.compile
     import torch
 
     engine.kind_choice.FASTER_MARGIN = engine.auto_mode.FASTER_MARGIN = 100.0

@@ -48,9 +48,14 @@ def pack_path(comfy_dir: Path) -> Path:
     return link if link.exists() and link.resolve() == ROOT else ROOT
 
 
-def load_pack():
+def load_pack(as_in_a_server: bool = False):
     """ComfyUI imported in this process, and the pack loaded by ComfyUI's own custom-node loader, as ComfyUI
-    loads it from custom_nodes. Returns the pack's module (`.accel` and `.nodes` below it)."""
+    loads it from custom_nodes. Returns the pack's module (`.accel` and `.nodes` below it).
+
+    `as_in_a_server`: the checkout's top-level `accel` package (which importing ComfyUI here went through) is made
+    unimportable afterwards, as it is in a ComfyUI server, where the pack is known only by its custom_nodes name.
+    A probe that loads what a child process saved (the child runs `python -m accel`, so its pickles may name
+    `accel.`) must pass it: else such a file loads here and fails in every real server."""
     import asyncio
 
     path = str(pack_path(import_comfyui(cpu=True)))
@@ -58,5 +63,9 @@ def load_pack():
 
     if not asyncio.run(nodes.load_custom_node(path)):
         raise RuntimeError(f"ComfyUI failed to load the pack from {path} (see the log above)")
+    if as_in_a_server:
+        for name in [name for name in sys.modules if name == "accel" or name.startswith("accel.")]:
+            del sys.modules[name]
+        sys.modules["accel"] = None  # `import accel` now raises ModuleNotFoundError, as in a server
     return sys.modules[path.replace(".", "_x_")]
 

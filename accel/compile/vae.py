@@ -37,11 +37,11 @@ class CompiledMethod:
         self.kind = BlockKind.of(module, method)
         self.entry: KindEntry | None = None  # the registry's entry of its latest call (status.py)
 
-    def __getstate__(self) -> dict:
-        # While the VAE's patcher is loaded this object is the module's `decode`/`encode` attribute, so it is
-        # pickled with the module when a call is captured for the background child; the entry (locks, compiled
-        # code) stays in this process.
-        return {**self.__dict__, "entry": None}
+    def skeleton_stand_in(self) -> tuple:
+        """While the VAE's patcher is loaded this object is the module's `decode`/`encode` attribute, so it is
+        pickled with the module when a call is captured for the background child: there it is ComfyUI's own
+        method (background/skeleton.py), a pickle reduce tuple."""
+        return getattr, (type(self.module), self.method)
 
     def __call__(self, *args, **kwargs):
         device = next(self.module.parameters()).device

@@ -22,6 +22,14 @@ class CaptureError(ValueError):
 
 
 class _SkeletonPickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        # An object of the pack's that stands in a block's attribute while ComfyUI has it patched in (Compile VAE's
+        # `decode`) goes to the child as what it stands for: the child compiles ComfyUI's own method, and a
+        # precompiled function saved there must not name the pack's classes (the child imports the pack as
+        # `accel`, ComfyUI under its custom_nodes folder's name: such a file would not load in the server).
+        stand_in = getattr(type(obj), "skeleton_stand_in", None)
+        return stand_in(obj) if stand_in is not None else NotImplemented
+
     def persistent_id(self, obj):
         if isinstance(obj, torch.Tensor):
             if type(obj) not in (torch.Tensor, torch.nn.Parameter):
