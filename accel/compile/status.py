@@ -11,22 +11,26 @@ from __future__ import annotations
 import statistics
 import threading
 import weakref
+from typing import Callable
 
 from .background.state import BackgroundState
 from .model_record import records_of
 
 MODEL, VAE = "compile_model", "compile_vae"  # the features that name owners, as the web UI knows them
-_owners: "dict[str, tuple[str, weakref.ref, str]]" = {}  # owner -> (feature, its base model or VAE, choose)
+# owner -> (feature, its base model or VAE, choose, for a VAE: how to list its compiled methods)
+_owners: "dict[str, tuple[str, weakref.ref, str, Callable | None]]" = {}
 _lock = threading.Lock()
 
 
-def note_owner(owner: str | None, target, feature: str = MODEL, choose: str = "auto") -> None:
+def note_owner(owner: str | None, target, feature: str = MODEL, choose: str = "auto",
+               methods_of: Callable | None = None) -> None:
     """`owner` applied `feature` with `choose` to `target`: Compile Model to a base model
-    (comfy.model_base.BaseModel), Compile VAE to the compiled copy of a VAE (the newest application wins)."""
+    (comfy.model_base.BaseModel), Compile VAE to the compiled copy of a VAE, whose (method name, registry entry)
+    pairs `methods_of(target)` gives (the newest application wins)."""
     if owner is None:
         return
     with _lock:
-        _owners[str(owner)] = (feature, weakref.ref(target), choose)
+        _owners[str(owner)] = (feature, weakref.ref(target), choose, methods_of)
 
 
 def owner_statuses() -> dict[str, dict]:
@@ -34,15 +38,15 @@ def owner_statuses() -> dict[str, dict]:
     with _lock:
         owners = list(_owners.items())
     statuses = {}
-    for owner, (feature, ref, choose) in owners:
+    for owner, (feature, ref, choose, methods_of) in owners:
         target = ref()
         if target is None:
             with _lock:
                 if owner in _owners and _owners[owner][1] is ref:
                     del _owners[owner]
             continue
-        statuses[owner] = {"feature": feature,
-                           **(model_status(target, choose) if feature == MODEL else vae_status(target))}
+        statuses[owner] = {"feature": feature, **(model_status(target, choose) if feature == MODEL
+                                                  else vae_status(methods_of(target)))}
     return statuses
 
 
@@ -116,13 +120,12 @@ def model_status(base_model, choose: str = "auto") -> dict:
     return {"state": state, "text": text, "kinds": kinds, "progress": progress}
 
 
-def vae_status(vae) -> dict:
-    """{"state": ..., "text": ...} of a VAE copy made by Compile VAE: per coding method it has run (decode,
-    encode), where that method's compiled kind stands. A VAE has no whole-call check: auto mode keeps the faster
-    of compiled and eager timed on the VAE's own calls (kind_choice.py), so that is the speedup shown."""
-    from .vae import compiled_methods  # here: vae.py names its owners through this module
-
-    methods = [(m.method, m.entry) for m in compiled_methods(vae) if m.entry is not None]
+def vae_status(methods: list[tuple[str, object]]) -> dict:
+    """{"state": ..., "text": ...} of a VAE copy made by Compile VAE, from its (coding method, registry entry) pairs:
+    per method it has run (decode, encode), where that method's compiled kind stands. A VAE has no whole-call
+    check: auto mode keeps the faster of compiled and eager timed on the VAE's own calls (kind_choice.py), so that
+    is the speedup shown."""
+    methods = [(method, entry) for method, entry in methods if entry is not None]
     entries = [entry for _, entry in methods]
     progress = {"done": len(_ready(entries)), "total": len(entries), "kinds": [e.kind.label for e in entries]}
     if not methods:

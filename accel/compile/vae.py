@@ -117,10 +117,15 @@ def compile_vae(vae, options: CompileOptions, owner: str | None = None):
     for method in VAE_METHODS:
         if callable(getattr(type(model), method, None)):
             compiled.patcher.add_object_patch(method, CompiledMethod(model, method, options))
-    note_owner(owner, compiled, VAE, options.choose)
+    note_owner(owner, compiled, VAE, options.choose, methods_of=method_entries)
     return compiled
 
 
 def compiled_methods(vae) -> list[CompiledMethod]:
     """The compiled coding methods of a VAE copy made by compile_vae (none for any other VAE)."""
     return [patch for patch in vae.patcher.object_patches.values() if isinstance(patch, CompiledMethod)]
+
+
+def method_entries(vae) -> list[tuple[str, KindEntry | None]]:
+    """Each compiled coding method's name and the registry entry of its latest call (status.py)."""
+    return [(method.method, method.entry) for method in compiled_methods(vae)]

@@ -26,6 +26,8 @@ import collections
 import time
 import weakref
 
+from .origin import resolve_origin
+
 ORIGIN = ("origin",)
 # The shape of ComfyUI's own backup entries: ComfyUI reads `.weight` and `.inplace_update` and, for an in-place
 # entry, copies `.weight` into the existing parameter.
@@ -102,8 +104,6 @@ class Ledger:
         """Make the parameters hold `target` as their base, under the patcher's patches. Called by ON_LOAD."""
         import comfy.model_management
         import comfy.utils
-
-        from .origin import resolve_origin
 
         start = time.perf_counter()
         self._prune()

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from .. import telemetry
 from .ledger import ledger_for
-from .sources import ModelWeights, WeightsFile
+from .model_source import ModelWeights
+from .sources import WeightsFile
 from .validate import check_fits
 
 log = logging.getLogger("comfyui_accel")
