@@ -24,6 +24,14 @@ import sys
 from pathlib import Path
 
 PACK_DIR = Path(__file__).resolve().parent.parent
+EXAMPLES = """examples (run from ComfyUI/custom_nodes/comfyui-accel with ComfyUI's Python):
+  python -m accel precompile --model v1-5-pruned-emaonly-fp16.safetensors --sizes 512x512,768x1024 --batch 1,2
+  python -m accel cache info            where the compile cache is, what it holds
+  python -m accel cache clear           empty it (the Accel panel in the web UI has the same button)
+  python -m accel cache export FILE     one file: copy it into an image or to a machine with the same GPU and torch
+  python -m accel doctor                threads and OpenMP runtimes, when compiled steps run slower than expected
+
+The compile cache is $ACCEL_CACHE_DIR, else accel_cache/ in ComfyUI's directory."""
 
 
 def default_comfyui() -> Path:
@@ -37,8 +45,10 @@ def default_comfyui() -> Path:
 def parser() -> argparse.ArgumentParser:
     from .compile.options import DYNAMIC, MODES, SCOPES
 
-    top = argparse.ArgumentParser(prog="python -m accel", description=__doc__.splitlines()[0])
-    top.add_argument("--comfyui", type=Path, default=None, help="ComfyUI directory (default: see above)")
+    top = argparse.ArgumentParser(prog="python -m accel", description=__doc__.splitlines()[0], epilog=EXAMPLES,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("--comfyui", type=Path, default=None,
+                     help="ComfyUI directory (default: $COMFYUI_DIR, else the ComfyUI this pack is installed in)")
     # metavar: the usage and the list name only what a user runs (compile-worker is internal, see below)
     commands = top.add_subparsers(dest="command", required=True, metavar="{precompile,cache,doctor}")
     pre = commands.add_parser("precompile", help="warm the compile cache for chosen sizes")

@@ -18,17 +18,26 @@ class CompileModel:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "model": ("MODEL",),
+            "model": ("MODEL", {"tooltip": "The diffusion model to compile: from a model loader, a LoRA loader or "
+                                           "any node that outputs a MODEL."}),
             "mode": (list(MODES), {"default": "default",
-                                   "tooltip": "reduce-overhead uses CUDA graphs (CUDA only). low-memory: no CUDA "
-                                              "graphs or autotuning, blocks only, no compile worker processes."}),
+                                   "tooltip": "default suits most uses. max-autotune-no-cudagraphs autotunes "
+                                              "kernels (longer compiles); reduce-overhead uses CUDA graphs (CUDA "
+                                              "only); a mode the device lacks compiles as default. low-memory: no "
+                                              "CUDA graphs or autotuning, blocks only, no compile worker or "
+                                              "background processes."}),
             "dynamic": (list(DYNAMIC), {"default": "auto",
-                                        "tooltip": "auto: static first, dynamic after a shape change."}),
+                                        "tooltip": "auto: static first, dynamic after a shape change (image size, "
+                                                   "batch, prompt length). static: one graph per shape. dynamic: "
+                                                   "shapes marked dynamic from the first compile."}),
             "scope": (list(SCOPES), {"default": "auto",
-                                     "tooltip": "auto = repeated blocks: identical blocks share one compiled graph."}),
+                                     "tooltip": "auto = repeated blocks: identical blocks share one compiled graph. "
+                                                "whole model: the diffusion model as one graph, compiled in the "
+                                                "prompt's path; a call that another node patches runs eagerly."}),
         }, "optional": {
             "choose": (list(CHOOSE), {"default": "auto", "tooltip": "auto: skip block kinds too small to matter, "
-                                      "time compiled against eager per kind, then whole steps; keep the faster."}),
+                                      "time compiled against eager per kind, then whole steps; keep the faster. "
+                                      "always compiled: compiled blocks from the first call, no timing."}),
             "background": ("BOOLEAN", {"default": True, "tooltip": "choose=auto: a cold compile runs in a child "
                                        "process while the blocks run eagerly; the next steps or prompts pick the "
                                        "compiled blocks up. Off: compile at the first step that needs it."}),
@@ -57,8 +66,12 @@ class CompileVAE:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "vae": ("VAE",),
-            "mode": (list(MODES), {"default": "default"}),
+            "vae": ("VAE", {"tooltip": "The VAE to compile, from a VAE loader or a checkpoint loader; connect the "
+                                       "output to VAE Decode (or VAE Encode)."}),
+            "mode": (list(MODES), {"default": "default",
+                                   "tooltip": "As on Compile Model: default suits most uses; a mode the device "
+                                              "lacks compiles as default. low-memory compiles in ComfyUI's own "
+                                              "process (the first decode waits for it), no background process."}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     def apply(self, vae, mode, unique_id=None):

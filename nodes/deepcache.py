@@ -18,14 +18,22 @@ class DeepCache:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "model": ("MODEL",),
+            "model": ("MODEL", {"tooltip": "The diffusion model (a UNet or a transformer) whose sampling steps "
+                                           "reuse deep features."}),
             "cache_interval": ("INT", {"default": 3, "min": 1, "max": 1000,
-                                       "tooltip": "1 = full compute every step (no caching)."}),
+                                       "tooltip": "uniform / non-uniform: one full step in every cache_interval "
+                                                  "steps; adaptive: at most cache_interval - 1 reused steps in a "
+                                                  "row. 1 = full compute every step (no caching); higher = faster, "
+                                                  "further from full compute."}),
             "cache_depth": ("INT", {"default": 0, "min": 0, "max": 12,
                                     "tooltip": "UNet: which skip branch stays live; 0 is the shallowest. Transformer: "
                                                "how many blocks beyond the first and last stay live at each end."}),
-            "start_percent": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01}),
-            "end_percent": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01}),
+            "start_percent": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01,
+                                        "tooltip": "Where in the sampling schedule reuse may begin (0 = from the "
+                                                   "first step); steps before it run in full."}),
+            "end_percent": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
+                                      "tooltip": "Where in the sampling schedule reuse ends (1 = to the last "
+                                                 "step); steps after it run in full."}),
             "schedule": (list(deepcache.SCHEDULES), {
                 "default": "uniform",
                 "tooltip": "uniform: one full step in cache_interval. non-uniform: as many, denser early. adaptive: "
@@ -48,7 +56,7 @@ class DeepCache:
                                            owner=None if unique_id is None else str(unique_id))
         patched, depth, message = deepcache.apply(model, config)
         if patched is None:
-            telemetry.record(deepcache.FEATURE, "unsupported", options=options, reason=message)
+            telemetry.record(deepcache.FEATURE, "unsupported", options=options, reason=message, node=config.owner)
             log.warning("[Accel] %s: %s; the model passes through unchanged.", self.DISPLAY_NAME, message)
             return (model.clone(),)
         telemetry.record(deepcache.FEATURE, "applied", options=options, depth=depth, node=config.owner)

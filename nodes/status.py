@@ -81,6 +81,8 @@ def _on_event(event: dict) -> None:
                 f"{event['reason']}")
     elif feature == "deepcache" and action == "applied":
         publish(node, feature, "waiting", "applied; acts at the next sampling run")
+    elif feature == "deepcache" and action == "unsupported":
+        publish(node, feature, "off", f"passes the model through unchanged: {event['reason']}")
 
 
 def _progress_of_the_waiting_node(kind: str, statuses) -> None:

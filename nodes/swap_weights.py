@@ -63,10 +63,14 @@ class SwapWeights:
     @classmethod
     def INPUT_TYPES(cls):
         return {
-            "required": {"model": ("MODEL",), "weights_file": (weight_files(), {
-                "tooltip": "A checkpoint or diffusion-model file of the same architecture as the model."})},
+            "required": {"model": ("MODEL", {
+                "tooltip": "The model that gets the other weights; its compiled graphs, LoRA and other patches are "
+                           "kept."}), "weights_file": (weight_files(), {
+                "tooltip": "A checkpoint or diffusion-model file of the same architecture as the model. "
+                           "'(use weights_model)' takes the weights from the weights_model input instead."})},
             "optional": {"weights_model": ("MODEL", {
-                "tooltip": "Or another MODEL's weights (set weights_file to '(use weights_model)')."})},
+                "tooltip": "Or another MODEL's base weights, without its own LoRA (set weights_file to "
+                           "'(use weights_model)')."})},
             "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"},
         }
 

@@ -75,7 +75,7 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 # same models cold (SD1.5, Flux) run apart, the later one loading the earlier one's graphs from the run's cache.
 # Files not named follow.
 LONGEST_FIRST = ("test_compile_model.py", "test_compile_families.py", "test_compile_video_families.py",
-                 "test_web_ui.py", "test_compile_cache.py", "test_soak.py", "test_cache_faults.py",
+                 "test_web_ui.py", "test_templates.py", "test_compile_cache.py", "test_soak.py", "test_cache_faults.py",
                  "test_swap_weights.py", "test_deepcache.py", "test_compile_flux.py", "test_faults.py",
                  "test_remote_cache.py", "test_server_families.py", "test_deepcache_dit.py")
 

@@ -81,3 +81,20 @@ def test_compile_model_defaults_over_http_equal_eager(family_server, family):
     assert torch.isfinite(third).all()
     after = family_server.get_json("/accel/stats")["compile"]
     assert after["totals"]["compiles"] == compiles, f"a repeat compiled: {after['kinds']}"
+
+
+def test_deepcache_on_a_model_it_cannot_serve_says_so_on_its_node(family_server):
+    """Lumina 2's block loop takes no block patches: DeepCache passes the model through, the prompt completes with
+    the model's own output, and the node's status line says so (state "off", with the reason), where before it
+    said nothing at all."""
+    graph = workflow("lumina2", 1, "lumina2-deepcache", False)
+    graph["3"] = {"class_type": "AccelDeepCache", "inputs": {
+        "model": ["1", 0], "cache_interval": 3, "cache_depth": 0, "start_percent": 0.0, "end_percent": 1.0,
+        "schedule": "uniform"}}
+    graph["4"]["inputs"]["model"] = ["3", 0]
+    graph["4"]["inputs"]["steps"] = 1
+    out = run_latent(family_server, graph)
+    assert torch.isfinite(out).all()
+    status = family_server.get_json("/accel/status")["3"]
+    assert status["feature"] == "deepcache" and status["state"] == "off", status
+    assert "passes the model through unchanged" in status["text"] and "NextDiT" in status["text"], status

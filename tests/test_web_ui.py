@@ -1,28 +1,28 @@
 """The web UI in a real browser: Debian's Chromium, driven by Playwright, on a started ComfyUI server with its own
-frontend and this pack in custom_nodes. The pack's templates load as the Templates dialog loads them, and the
-Accel nodes show the status the server sends over the websocket, also after a reload and inside a subgraph; a
-node that waits for a compile in its prompt's path shows ComfyUI's own progress; the panel lists and clears.
+frontend and this pack in custom_nodes. The Accel nodes show the status the server sends over the websocket, also
+after a reload and inside a subgraph; a node that waits for a compile in its prompt's path shows ComfyUI's own
+progress; the panel lists and clears. (The templates, their model links and the node docs: test_templates.py.)
+The workflows here are the project's own on its generated models (tools/workflows/), opened as a dropped API file.
 
 ACCEL_SCREENSHOT_DIR=docs/ui keeps a screenshot of each state (the README shows them). CI runs these against
 ComfyUI 0.3.75; against 0.33's frontend: `ACCEL_VENV=.venv033 COMFYUI_DIR=<checkout> python3 tools/setup_env.py`,
-then `COMFYUI_DIR=<checkout> .venv033/bin/pytest -n 0 tests/test_web_ui.py`.
+then `COMFYUI_DIR=<checkout> .venv033/bin/pytest -n 0 tests/test_web_ui.py tests/test_templates.py`.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
 
 import pytest
 
-from tools.browser import comfy_page
-from tools.comfy_server import ComfyServer
+from tools.browser import comfy_page, fit_view, load_api_workflow
+from tools.comfy_server import ComfyServer, load_workflow
+from ui_pages import queue_and_wait, screenshot
 
 pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = ("accel_flux", "accel_lora_compile", "accel_swap_weights", "accel_txt2img")
 SETTLED = ("compiled", "eager")
 
 
@@ -59,29 +59,12 @@ def _from_the_pack(entry: tuple[str, str]) -> bool:
     return kind in ("error", "pageerror") and ("accel" in text.lower())
 
 
-def screenshot(page, name: str) -> None:
-    directory = os.environ.get("ACCEL_SCREENSHOT_DIR")
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(directory) / f"{name}.png"))
-
-
-def open_template(page, name: str) -> dict:
-    """Fetch a template from /api/workflow_templates and load it as the Templates dialog does; returns the
-    loaded graph's node types by id."""
-    page.evaluate("""async (name) => {
-        const response = await window.comfyAPI.api.api.fetchApi(`/workflow_templates/comfyui-accel/${name}.json`);
-        if (!response.ok) throw new Error(`template ${name}: HTTP ${response.status}`);
-        await window.app.loadGraphData(await response.json(), true, true, name);
-    }""", name)
-    time.sleep(0.5)
+def open_workflow(page, name: str) -> dict:
+    """Open one of the project's workflows (tools/workflows/<name>_api.json) as a dropped API file; returns the
+    graph's node types by id (the API file's ids)."""
+    load_api_workflow(page, load_workflow(f"{name}_api.json"), name)
+    fit_view(page)
     return page.evaluate("() => Object.fromEntries(window.app.graph._nodes.map(n => [String(n.id), n.type]))")
-
-
-def error_dialogs(page) -> list[str]:
-    """Dialogs, and warning or error toasts (the frontend's alert for a workflow it cannot read is one)."""
-    shown = page.query_selector_all(".p-dialog, .p-toast-message-warn, .p-toast-message-error")
-    return [d.inner_text()[:500] for d in shown if d.is_visible()]
 
 
 def node_id(nodes: dict, node_type: str) -> str:
@@ -109,41 +92,9 @@ def wait_for_the_packs_work(server, timeout: float = 400) -> None:
         time.sleep(0.5)
 
 
-def queue_and_wait(page, server, timeout: float = 300) -> None:
-    before = len(server.get_json("/history"))
-    page.evaluate("async () => { await window.app.queuePrompt(0, 1); }")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        history = server.get_json("/history")
-        if len(history) > before:
-            entry = list(history.values())[-1]
-            assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[-3000:]
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"the queued prompt did not finish in {timeout:.0f} s:\n{server.log_tail()}")
-
-
-def test_every_template_loads_with_its_nodes_and_thumbnail(ui):
-    server, page = ui
-    listed = server.get_json("/api/workflow_templates")
-    assert sorted(listed.get("comfyui-accel", [])) == sorted(TEMPLATES), listed
-    for name in TEMPLATES:
-        nodes = open_template(page, name)
-        if name == "accel_flux":
-            screenshot(page, "template_accel_flux")
-        assert not error_dialogs(page), f"{name}: {error_dialogs(page)}"
-        api_copy = json.loads((ROOT / "workflows_api" / f"{name}_api.json").read_text())
-        assert sorted(nodes.values()) == sorted(n["class_type"] for n in api_copy.values()), name
-        assert any(t.startswith("Accel") for t in nodes.values())
-        spots = page.evaluate("() => window.app.graph._nodes.map(n => n.pos.join())")
-        assert len(set(spots)) == len(spots), f"{name}: nodes on top of each other: {spots}"
-        thumbnail = page.request.get(f"{server.url}/api/workflow_templates/comfyui-accel/{name}.jpg")
-        assert thumbnail.ok and thumbnail.headers["content-type"] == "image/jpeg", name
-
-
 def test_nodes_show_status_from_the_server_and_after_a_reload(ui):
     server, page = ui
-    nodes = open_template(page, "accel_txt2img")
+    nodes = open_workflow(page, "accel_txt2img")
     compile_node, deepcache_node = node_id(nodes, "AccelCompileModel"), node_id(nodes, "AccelDeepCache")
     vae_node = node_id(nodes, "AccelCompileVAE")
     assert status_of(page, vae_node) is None  # nothing ran yet
@@ -186,7 +137,7 @@ def test_nodes_show_status_from_the_server_and_after_a_reload(ui):
     page.reload()
     page.wait_for_function("window.app && window.app.graph && window.app.canvas", timeout=90_000)
     listen(page)
-    open_template(page, "accel_txt2img")
+    open_workflow(page, "accel_txt2img")
     page.wait_for_function("(id) => window.app.graph.getNodeById(Number(id))?.accelStatus", arg=compile_node,
                            timeout=30_000)
     assert status_of(page, compile_node)["text"] == status["text"]
@@ -206,7 +157,7 @@ def test_the_waiting_node_shows_comfyuis_progress_while_a_kind_compiles_in_its_p
     """Compile Model with the background compile off compiles in the prompt's path: the sampler, which waits for
     it, gets ComfyUI's own progress message (kinds compiled so far, of all) while the Accel node says why."""
     server, page = ui
-    nodes = open_template(page, "accel_txt2img")
+    nodes = open_workflow(page, "accel_txt2img")
     compile_node, sampler = node_id(nodes, "AccelCompileModel"), node_id(nodes, "KSampler")
     set_widget(page, compile_node, "choose", "always compiled")
     set_widget(page, compile_node, "background", False)
@@ -232,7 +183,7 @@ def test_the_waiting_node_shows_comfyuis_progress_while_a_kind_compiles_in_its_p
 def test_a_node_inside_a_subgraph_shows_its_status(ui):
     """Nodes in a subgraph run under ids like "12:3"; their status shows on the node inside the subgraph."""
     server, page = ui
-    nodes = open_template(page, "accel_txt2img")
+    nodes = open_workflow(page, "accel_txt2img")
     outer, inner = page.evaluate("""(id) => {
         const graph = window.app.graph;
         const {node, subgraph} = graph.convertToSubgraph(new Set([graph.getNodeById(Number(id))]));
@@ -256,7 +207,7 @@ def test_a_node_inside_a_subgraph_shows_its_status(ui):
 
 def test_swap_weights_shows_the_copy(ui):
     server, page = ui
-    nodes = open_template(page, "accel_swap_weights")
+    nodes = open_workflow(page, "accel_swap_weights")
     swap_node = node_id(nodes, "AccelSwapWeights")
     # Node ids repeat between workflows: the status of another workflow's node of the same id and another type
     # must not show. Put a Swap Weights node under the id of an earlier workflow's Compile Model node.
@@ -276,7 +227,7 @@ def test_swap_weights_shows_the_copy(ui):
         return Object.hasOwn(node, "accelStatus") && node.type;
     }""", arg=taken, timeout=10_000).json_value()
     assert drawn == "AccelSwapWeights" and status_of(page, taken) is None, (drawn, status_of(page, taken))
-    nodes = open_template(page, "accel_swap_weights")
+    nodes = open_workflow(page, "accel_swap_weights")
     queue_and_wait(page, server)
     status = wait_status(page, swap_node, ("swapped",), timeout=60)
     assert "accel-sd15-small-b.safetensors" in status["text"], status

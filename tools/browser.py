@@ -62,25 +62,21 @@ def load_api_workflow(page, graph: dict, name: str) -> None:
                            timeout=30_000)
 
 
-def fit_and_capture(page) -> bytes:
-    """Fit the canvas on every node and return the canvas as a JPEG (the graph only: no dialogs or banners)."""
-    import base64
+FIT_VIEW = """() => {
+    const app = window.app, canvas = app.canvas, el = canvas.canvas;
+    let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+    for (const node of app.graph._nodes) {
+        x0 = Math.min(x0, node.pos[0]); y0 = Math.min(y0, node.pos[1] - 30);
+        x1 = Math.max(x1, node.pos[0] + node.size[0]); y1 = Math.max(y1, node.pos[1] + node.size[1]);
+    }
+    const scale = 0.95 * Math.min(el.width / (x1 - x0), el.height / (y1 - y0));
+    canvas.ds.scale = scale;
+    canvas.ds.offset = [el.width / (2 * scale) - (x0 + x1) / 2, el.height / (2 * scale) - (y0 + y1) / 2];
+    canvas.setDirty(true, true);
+}"""
 
-    data_url = page.evaluate("""() => {
-        const app = window.app, canvas = app.canvas, el = canvas.canvas;
-        let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
-        for (const node of app.graph._nodes) {
-            x0 = Math.min(x0, node.pos[0]); y0 = Math.min(y0, node.pos[1] - 30);
-            x1 = Math.max(x1, node.pos[0] + node.size[0]); y1 = Math.max(y1, node.pos[1] + node.size[1]);
-        }
-        const scale = 0.95 * Math.min(el.width / (x1 - x0), el.height / (y1 - y0));
-        canvas.ds.scale = scale;
-        canvas.ds.offset = [el.width / (2 * scale) - (x0 + x1) / 2, el.height / (2 * scale) - (y0 + y1) / 2];
-        const renderInfo = canvas.render_info;
-        canvas.render_info = false;  // LiteGraph's frame counters are not part of the picture
-        canvas.setDirty(true, true);
-        canvas.draw(true, true);
-        canvas.render_info = renderInfo;
-        return el.toDataURL("image/jpeg", 0.85);
-    }""")
-    return base64.b64decode(data_url.split(",", 1)[1])
+
+def fit_view(page) -> None:
+    """Fit the canvas on every node, as a user does after opening a workflow: each node is drawn (and so shows
+    its status, which the pack draws with the node)."""
+    page.evaluate(FIT_VIEW)

@@ -36,13 +36,16 @@ class ComfyServer:
     """A ComfyUI `main.py --cpu` process. Use as a context manager so it is always stopped."""
 
     def __init__(self, base_dir: Path, comfy_dir: Path | None = None, extra_args: tuple[str, ...] = (),
-                 with_pack: bool = True, extra_nodes: tuple[Path, ...] = (), env: dict | None = None):
+                 with_pack: bool = True, extra_nodes: tuple[Path, ...] = (), env: dict | None = None,
+                 standins: Path | None = None):
         self.comfy_dir = comfy_dir or comfyui_dir()
         self.base_dir = Path(base_dir)
         self.extra_args = tuple(extra_args)
         self.with_pack = with_pack
         self.extra_nodes = tuple(Path(p) for p in extra_nodes)  # more custom-node folders (tests' own nodes)
         self.env = dict(env or {})
+        # a folder of the templates' real file names (tools/template_models.py), added to the model paths
+        self.standins = standins
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.client_id = uuid.uuid4().hex
@@ -61,8 +64,10 @@ class ComfyServer:
             if not extra_link.exists():
                 extra_link.symlink_to(folder.resolve(), target_is_directory=True)
         models = self.comfy_dir / "models"
-        lines = ["accel_generated_models:", f"  base_path: {models}"]
-        lines += [f"  {folder}: {folder}" for folder in MODEL_FOLDERS]
+        lines = []
+        for section, base in (("accel_generated_models", models), ("accel_template_standins", self.standins)):
+            if base is not None:
+                lines += [f"{section}:", f"  base_path: {base}", *(f"  {folder}: {folder}" for folder in MODEL_FOLDERS)]
         extra = self.base_dir / "extra_model_paths.yaml"
         extra.write_text("\n".join(lines) + "\n")
         return extra
@@ -162,5 +167,6 @@ class ComfyServer:
 
 
 def load_workflow(name: str) -> dict:
-    """An API-format workflow of workflows_api/ (the templates' copies for headless runs)."""
-    return json.loads((ROOT / "workflows_api" / name).read_text())
+    """One of the project's own API-format workflows on its generated models (tools/workflows/: the demo's, the
+    tests'); the templates' API copies for users are in workflows_api/ (tools/make_templates.py)."""
+    return json.loads((ROOT / "tools" / "workflows" / name).read_text())

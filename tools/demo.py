@@ -1,7 +1,7 @@
 """The main job: a generated SD1.5 model through a workflow with the pack's nodes, on a headless ComfyUI server,
 against the same workflow on a ComfyUI server without the pack.
 
-Starts ComfyUI (`main.py --cpu`) twice: first without the pack, running workflows_api/accel_txt2img_api.json
+Starts ComfyUI (`main.py --cpu`) twice: first without the pack, running tools/workflows/accel_txt2img_api.json
 with the pack's nodes taken out (each one's input wired straight through), then with the pack in custom_nodes,
 running the workflow as it is. Each server gets the prompt three times over the HTTP API (other seeds, as a
 user's next prompts); the pack's first prompt is followed by its background compile. It prints per-node timings

@@ -192,7 +192,8 @@ DIT_LORA_BLOCKS = ("double_blocks.0.", "single_blocks.0.")
 DIT_LORA_RANK = 4
 
 
-def dit_lora_state_dict(family_name: str, seed: int) -> dict:
+def dit_lora_state_dict(family_name: str, seed: int, blocks: tuple[str, ...] = DIT_LORA_BLOCKS) -> dict:
+    """A LoRA of the family's generated model on the linear layers of the blocks whose keys start with `blocks`."""
     import torch
     from tools.make_models import seeded_normal
 
@@ -201,7 +202,7 @@ def dit_lora_state_dict(family_name: str, seed: int) -> dict:
               build_model(family.detected, family.unet_config).diffusion_model.state_dict().items()}
     out = {}
     for key, shape in sorted(shapes.items()):
-        if not key.startswith(DIT_LORA_BLOCKS) or not key.endswith(".weight") or len(shape) != 2:
+        if not key.startswith(blocks) or not key.endswith(".weight") or len(shape) != 2:
             continue
         name = "lora_unet_" + key[: -len(".weight")].replace(".", "_")
         out_features, in_features = shape

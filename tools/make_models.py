@@ -6,8 +6,10 @@ file is loaded back by ComfyUI's own loaders (UNETLoader, CLIPLoader, LoraLoader
     python tools/make_models.py --set test   # small UNet, LoRAs, CLIP-L, TAESD, one model per family (tests, demo)
     python tools/make_models.py --set quick  # a second tiny Flux, for Swap Weights in `make bench-quick`
     python tools/make_models.py --set full   # full-size SD1.5 UNets A and B, the benchmark Flux A and B (benchmarks)
+    python tools/make_models.py --set templates  # the templates' real file names, as stand-ins (tools/template_models.py)
 
-A file that already exists with the same generator version and seed is left as it is.
+The test set includes the templates' stand-ins. A file that already exists with the same generator version and
+seed is left as it is.
 """
 from __future__ import annotations
 
@@ -122,6 +124,60 @@ def clip_l_state_dict(seed: int) -> dict:
     return fill_like_init(sd, seed)
 
 
+# ComfyUI's VAE for SD1.x/SDXL checkpoints (comfy/sd.py reads only z_channels from the weights: the widths are
+# fixed) and, with 16 latent channels and no quant convs, Flux's ae.safetensors.
+SD_VAE_CONFIG = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
+                 "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
+# Wan 2.1's VAE (also Qwen-Image's): ComfyUI reads its width from the weights, so the stand-in is narrow.
+WAN_VAE_TINY = dict(dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                    temperal_downsample=[False, True, True], dropout=0.0)
+
+
+def vae_state_dict(kind: str, seed: int) -> dict:
+    """A VAE as ComfyUI's VAELoader and checkpoint loader read it: "sd" (with quant convs, as in a checkpoint),
+    "flux" (16 channels, no quant convs) or "wan21"."""
+    import torch
+    from tools.family_models import fill_family
+
+    with torch.device("meta"):
+        if kind == "wan21":
+            from comfy.ldm.wan.vae import WanVAE
+
+            module = WanVAE(**WAN_VAE_TINY)
+        else:
+            from comfy.ldm.models.autoencoder import AutoencoderKL
+
+            z = 4 if kind == "sd" else 16
+            module = AutoencoderKL(ddconfig=dict(SD_VAE_CONFIG, z_channels=z), embed_dim=z)
+    state_dict = fill_family(module, seed)
+    if kind == "flux":  # Flux's autoencoder has no quant convs
+        state_dict = {k: v for k, v in state_dict.items() if k.startswith(("encoder.", "decoder."))}
+    return state_dict
+
+
+def checkpoint_state_dict(family: str, seed: int) -> dict:
+    """A checkpoint as CheckpointLoaderSimple reads it: the small UNet of `family` ("sd15" or "sdxl") with its real
+    text encoders (CLIP-L; SDXL adds CLIP-G) and VAE, each in ComfyUI's own checkpoint key format."""
+    import torch
+    import comfy.sdxl_clip
+    import comfy.supported_models
+    from tools.family_models import BY_NAME as FAMILIES_BY_NAME, family_state_dict
+
+    if family == "sd15":
+        unet = sd15_unet_state_dict(SD15_SMALL, seed)
+        clip = {"cond_stage_model.transformer." + k: v for k, v in clip_l_state_dict(seed).items()}
+    else:
+        unet = family_state_dict(FAMILIES_BY_NAME["sdxl"], seed)
+        with torch.device("meta"):
+            encoders = comfy.sdxl_clip.SDXLClipModel(device="meta", dtype=torch.float32)
+        filled = fill_like_init({k: v for k, v in encoders.state_dict().items() if "position_ids" not in k}, seed)
+        config = comfy.supported_models.SDXL(dict(FAMILIES_BY_NAME["sdxl"].unet_config))
+        clip = config.process_clip_state_dict_for_saving(filled)
+    vae = {"first_stage_model." + k: v for k, v in vae_state_dict("sd", seed).items()}
+    # position ids are integers ComfyUI makes itself: left out (every tensor is written as fp16)
+    return {k: v for k, v in {**unet, **clip, **vae}.items() if "position_ids" not in k}
+
+
 def taesd_state_dicts(seed: int) -> tuple[dict, dict]:
     import torch
     from comfy.taesd.taesd import Decoder, Encoder
@@ -196,13 +252,66 @@ def write_model(path: Path, spec: ModelFile) -> None:
     print(f"[models] wrote {path} ({params / 1e6:.1f} M params, {time.perf_counter() - start:.1f} s)", flush=True)
 
 
+PLACEHOLDER_NOTE = ("a stand-in for the name only: the project's tests replace the nodes that would load it with "
+                    "conditioning tensors (tools/template_models.py)")
+
+
+# The block a template LoRA stand-in touches, per family: its first transformer block's linear layers.
+TEMPLATE_LORA_BLOCKS = {"qwen_image": ("transformer_blocks.0.",)}
+# How a generated stand-in is built, by its kind in tools/template_models.py ("<kind>:<what>:<seed>").
+STANDIN_BUILDERS = {
+    "checkpoint": checkpoint_state_dict,
+    "vae": vae_state_dict,
+    "lora": lambda family, seed: dit_lora_state_dict(family, seed, TEMPLATE_LORA_BLOCKS[family]),
+}
+
+
+def standin_spec(model) -> ModelFile:
+    """A generated stand-in of a template's real file, as a model file of its own seed."""
+    kind, what, seed = model.standin.split(":")
+    return ModelFile(model.directory, model.name, int(seed), lambda s: STANDIN_BUILDERS[kind](what, s), ())
+
+
+def write_standins(models_dir: Path, standins: Path, only: str | None) -> None:
+    """The templates' real file names under `standins` (tools/template_models.py): generated files, links to the
+    generated test models in `models_dir`, and placeholders for the text encoders the tests never load."""
+    import torch
+    from safetensors.torch import save_file
+    from tools.template_models import REAL_MODELS
+
+    for model in REAL_MODELS:
+        if only and only not in model.name:
+            continue
+        folder = standins / model.directory
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / model.name
+        kind, _, rest = model.standin.partition(":")
+        if kind == "link":
+            target = models_dir / rest
+            if not target.exists():
+                raise FileNotFoundError(f"{model.name}'s stand-in links to {target}, which the test set writes first")
+            if not (path.is_symlink() and path.resolve() == target.resolve()):
+                path.unlink(missing_ok=True)
+                path.symlink_to(target)
+                print(f"[models] linked {path} -> {target}", flush=True)
+        elif kind == "placeholder":
+            if not path.exists():
+                save_file({"placeholder": torch.zeros(1)}, str(path), metadata={"accel_placeholder": PLACEHOLDER_NOTE})
+                print(f"[models] wrote the placeholder {path}", flush=True)
+        else:
+            spec = standin_spec(model)
+            if not is_current(path, spec):
+                write_model(path, spec)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Write the generated test and benchmark models.")
-    parser.add_argument("--set", default="test", choices=["test", "quick", "full", "all"])
+    parser.add_argument("--set", default="test", choices=["test", "quick", "full", "templates", "all"])
     parser.add_argument("--only", help="write only the files whose names contain this text")
     args = parser.parse_args()
-    import_comfyui()
+    comfy_dir = import_comfyui()
     import folder_paths
+    from tools.template_models import standins_dir
 
     for spec in MODEL_FILES:
         if args.set != "all" and args.set not in spec.sets or args.only and args.only not in spec.name:
@@ -213,6 +322,8 @@ def main() -> None:
         if is_current(path, spec):
             continue
         write_model(path, spec)
+    if args.set in ("test", "templates", "all"):
+        write_standins(Path(folder_paths.models_dir), standins_dir(comfy_dir), args.only)
 
 
 if __name__ == "__main__":

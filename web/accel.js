@@ -11,7 +11,7 @@ const ACCEL_NODES = new Set(["AccelCompileModel", "AccelCompileVAE", "AccelDeepC
 const STATUS_EVENT = "accel.status";
 const STATE_COLORS = {
   waiting: "#9aa0a6", compiling: "#f0b429", loading: "#f0b429", checking: "#f0b429", compiled: "#3ecf8e", eager: "#8ab4f8",
-  completed: "#3ecf8e", swapped: "#3ecf8e", interrupted: "#f28b82", error: "#f28b82",
+  completed: "#3ecf8e", swapped: "#3ecf8e", interrupted: "#f28b82", error: "#f28b82", off: "#9aa0a6",
 };
 const NODE_OF_FEATURE = {
   compile_model: "AccelCompileModel", deepcache: "AccelDeepCache", swap_weights: "AccelSwapWeights",

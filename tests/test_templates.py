@@ -1,0 +1,253 @@
+"""The pack's templates and node docs as a user meets them, in a real browser (Debian's Chromium driven by
+Playwright) on a started ComfyUI server with the pack in custom_nodes and the templates' real file names present
+as generated stand-ins (tools/template_models.py):
+- every template opens from the frontend's template browser (Extensions > ComfyUI-Accel) with its thumbnail, and
+  without a warning; each loader node carries the links of its real files;
+- each runs to its image or video: the text encoders too large to generate here (T5-XXL, umT5-XXL, Qwen2.5-VL)
+  are replaced by conditioning of their width, and sizes, frames and steps are cut to a CPU's test budget; every
+  other node runs as shipped;
+- with one model file absent, the frontend's missing-models dialog names it with its link;
+- the docs panel of each Accel node shows its markdown (web/docs/), and every input has a tooltip.
+
+ACCEL_SCREENSHOT_DIR=docs/ui keeps the screenshots (the template browser, the missing-models dialog, a node's docs).
+Runs on ComfyUI 0.3.75's frontend (1.32) in CI, and on 0.33's (1.49) with `COMFYUI_DIR` (see test_web_ui.py).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.browser import comfy_page
+from tools.comfy_env import comfyui_dir
+from tools.comfy_server import ComfyServer
+from tools.make_templates import TEMPLATES
+from tools.template_models import BY_NAME, PLACEHOLDERS, standins_dir
+from ui_pages import error_dialogs, page_prompt, screenshot
+
+pytestmark = pytest.mark.server
+ROOT = Path(__file__).resolve().parent.parent
+TEST_INPUTS = ROOT / "tests" / "server_nodes" / "accel_test_inputs"
+ACCEL_NODES = {"AccelCompileModel": "Compile Model (Accel)", "AccelCompileVAE": "Compile VAE (Accel)",
+               "AccelDeepCache": "DeepCache (Accel)", "AccelSwapWeights": "Swap Weights (Accel)"}
+# The conditioning that replaces a placeholder text encoder's: the generated family of the template's model.
+FAMILY_OF_ENCODER = {"t5xxl_fp16.safetensors": "flux", "umt5_xxl_fp8_e4m3fn_scaled.safetensors": "wan21",
+                     "qwen_2.5_vl_7b_fp8_scaled.safetensors": "qwen_image"}
+TEST_SIZE, TEST_STEPS, TEST_FRAMES = 256, 4, 5  # what a 2-core CPU samples in seconds with the stand-ins
+SIZED = {"EmptyLatentImage", "EmptySD3LatentImage", "EmptyHunyuanLatentVideo"}
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory) -> Path:
+    """The stand-ins, as links in a folder of this module's own (a test takes one away)."""
+    folder = tmp_path_factory.mktemp("standins")
+    source = standins_dir(comfyui_dir())
+    for path in source.rglob("*.safetensors"):
+        link = folder / path.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(path.resolve())
+    missing = sorted(set(BY_NAME) - {p.name for p in folder.rglob("*.safetensors")})
+    assert not missing, f"stand-ins not written (make setup writes them): {missing}"
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory, standins):
+    base = tmp_path_factory.mktemp("templates-ui")
+    with ComfyServer(base, extra_nodes=(TEST_INPUTS,), standins=standins) as server, comfy_page(server) as page:
+        yield server, page
+
+
+def open_template_browser(page) -> None:
+    """The frontend's template browser, on the pack's own page (Extensions > ComfyUI-Accel)."""
+    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+    dialog = page.locator(".workflow-template-selector-dialog, [role=dialog]").first
+    dialog.wait_for(timeout=30_000)
+    pack = dialog.get_by_role("button", name="ComfyUI-Accel", exact=True)  # the pack's entry in the left list
+    if not pack.is_visible():
+        dialog.get_by_text("Extensions", exact=True).first.click()  # a collapsed group
+    pack.click()
+
+
+def card(page, title: str):
+    return page.locator(f'[data-testid="template-workflow-{title}"]')
+
+
+def loaded_nodes(page) -> list[dict]:
+    return page.evaluate("""() => window.app.graph._nodes.map(n => ({id: String(n.id), type: n.type,
+        models: n.properties?.models ?? null, widgets: (n.widgets ?? []).map(w => w.value)}))""")
+
+
+def test_every_template_opens_from_the_template_browser_with_its_model_links(ui):
+    server, page = ui
+    listed = server.get_json("/api/workflow_templates")["comfyui-accel"]
+    assert sorted(listed) == sorted(t.title for t in TEMPLATES), listed
+    open_template_browser(page)  # as a user first sees it: the cards in view, their thumbnails loaded
+    page.wait_for_function("""() => [...document.querySelectorAll('[data-testid^="template-workflow-"] img')]
+        .filter(img => img.complete && img.naturalWidth > 0).length >= 3""", timeout=30_000)
+    screenshot(page, "template_browser")
+    page.keyboard.press("Escape")
+    for template in TEMPLATES:
+        open_template_browser(page)
+        found = card(page, template.title)
+        found.wait_for(timeout=30_000)
+        assert template.title in found.inner_text()
+        found.scroll_into_view_if_needed()  # thumbnails load when their card is in view
+        image = found.locator("img").first
+        page.wait_for_function("(img) => img.complete && img.naturalWidth > 0", arg=image.element_handle(),
+                               timeout=30_000)
+        found.click()
+        page.wait_for_function("(n) => window.app.graph._nodes.some(x => x.type && x.type.startsWith('Accel'))"
+                               " && !document.querySelector('.workflow-template-selector-dialog')", arg=None,
+                               timeout=30_000)
+        time.sleep(0.5)
+        assert not error_dialogs(page), f"{template.title}: {error_dialogs(page)}"
+        api_copy = json.loads((ROOT / "workflows_api" / f"{template.api_name}_api.json").read_text())
+        nodes = loaded_nodes(page)
+        assert sorted(n["type"] for n in nodes) == sorted(v["class_type"] for v in api_copy.values()), template
+        for node in nodes:  # each real file a node names comes with its link, as ComfyUI's templates carry it
+            named = [v for v in node["widgets"] if isinstance(v, str) and v in BY_NAME]
+            assert [m["name"] for m in node["models"] or []] == named, node
+            for link in node["models"] or []:
+                assert link == BY_NAME[link["name"]].link(), link
+
+
+def runnable(prompt: dict) -> dict:
+    """The template's prompt with the placeholder text encoders' nodes replaced by conditioning of their width
+    (tests/server_nodes/accel_test_inputs), and sizes, frames and steps cut to the test budget."""
+    prompt = json.loads(json.dumps(prompt))
+    for node_id, node in list(prompt.items()):
+        names = [v for v in node["inputs"].values() if isinstance(v, str) and v in PLACEHOLDERS]
+        if not names:
+            continue
+        inputs_id = f"{node_id}-inputs"
+        prompt[inputs_id] = {"class_type": "AccelTestInputs",
+                             "inputs": {"family": FAMILY_OF_ENCODER[names[-1]], "seed": 0, "tokens": 77}}
+        del prompt[node_id]
+        for other_id, other in list(prompt.items()):  # each text encode reading it: the conditioning instead
+            if other["class_type"] == "CLIPTextEncode" and other["inputs"].get("clip") == [node_id, 0]:
+                negative = any(n["inputs"].get("negative") == [other_id, 0] for n in prompt.values())
+                del prompt[other_id]
+                for reader in prompt.values():
+                    for key, value in reader["inputs"].items():
+                        if value == [other_id, 0]:
+                            reader["inputs"][key] = [inputs_id, 1 if negative else 0]
+    for node in prompt.values():
+        inputs = node["inputs"]
+        if node["class_type"] in SIZED:
+            inputs["width"] = inputs["height"] = TEST_SIZE
+            if "length" in inputs:
+                inputs["length"] = TEST_FRAMES
+        if "steps" in inputs:
+            inputs["steps"] = min(inputs["steps"], TEST_STEPS)
+    return prompt
+
+
+def outputs_of(server, entry: dict) -> list[Path]:
+    """The files the prompt wrote (images, and videos, which ComfyUI lists as "images" with animated set)."""
+    files = []
+    for output in entry["outputs"].values():
+        for item in output.get("images", []) + output.get("videos", []):
+            files.append(server.base_dir / "output" / item.get("subfolder", "") / item["filename"])
+    return files
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=lambda t: t.api_name)
+def test_each_template_runs_to_its_output(ui, template):
+    server, page = ui
+    page.evaluate("""async (name) => {
+        const response = await window.comfyAPI.api.api.fetchApi(`/workflow_templates/comfyui-accel/${name}.json`);
+        await window.app.loadGraphData(await response.json(), true, true, name);
+    }""", template.title)
+    prompt = runnable(page_prompt(page))
+    entry = server.run_workflow(prompt, timeout=600)
+    written = outputs_of(server, entry)
+    saves = [n for n in prompt.values() if n["class_type"] in ("SaveImage", "SaveVideo")]
+    assert len(written) == len(saves) and all(p.is_file() and p.stat().st_size > 0 for p in written), entry
+    if any(n["class_type"] == "SaveVideo" for n in saves):
+        import av
+
+        (video,) = written
+        with av.open(str(video)) as container:
+            frames = sum(1 for _ in container.decode(video=0))
+        assert frames == TEST_FRAMES, (video, frames)
+
+
+def test_a_missing_model_is_named_with_its_link(ui, standins):
+    """The frontend's own missing-models warning (a dialog on 1.32, the Issues panel's group on 1.49+) names an
+    absent file and offers its link."""
+    server, page = ui
+    template = TEMPLATES[0]
+    name = "v1-5-pruned-emaonly-fp16.safetensors"
+    absent = standins / BY_NAME[name].directory / name
+    target = absent.resolve()
+    absent.unlink()
+    try:
+        # The user's refresh (R): the frontend reads the loaders' file lists again (frontend 1.49+ flags a file a
+        # loader's list lacks; 1.32 asks the server's model folders), and its toast saying so goes.
+        page.evaluate("async () => { await window.app.refreshComboInNodes(); }")
+        page.locator(".p-toast-message").first.wait_for(state="detached", timeout=30_000)
+        page.evaluate("""async (name) => {
+            const response = await window.comfyAPI.api.api.fetchApi(`/workflow_templates/comfyui-accel/${name}.json`);
+            await window.app.loadGraphData(await response.json(), true, true, name);
+        }""", template.title)
+        warning = page.locator(".comfy-missing-models, [data-testid=error-group-missing-model], "
+                               "[data-testid=error-overlay]").first
+        warning.wait_for(timeout=30_000)
+        if page.locator("[data-testid=error-overlay-see-errors]").count():  # 1.49+: the toast, then the panel
+            page.locator("[data-testid=error-overlay-see-errors]").first.click()
+            page.locator("[data-testid=error-group-missing-model]").first.wait_for(timeout=30_000)
+        text = page.locator("body").inner_text()
+        assert name in text, text[-2000:]
+        screenshot(page, "missing_models")
+        link = BY_NAME[name].url
+        offered = page.evaluate("""(url) => [...document.querySelectorAll('[title]')].some(e => e.title === url)
+            || document.body.innerHTML.includes(url)""", link)
+        if not offered:  # 1.49+ shows the link behind its Copy URL button and the Download button
+            assert page.locator("[data-testid=missing-model-download]").count(), text[-2000:]
+        page.keyboard.press("Escape")
+    finally:
+        absent.symlink_to(target)
+
+
+def test_every_accel_node_shows_its_docs_in_the_docs_panel(ui):
+    server, page = ui
+    for node_class, display in ACCEL_NODES.items():
+        page.evaluate("""(type) => {
+            const graph = window.app.graph;
+            graph.clear();
+            const node = (window.LiteGraph ?? window.comfyAPI.litegraph.LiteGraph).createNode(type);
+            const canvas = window.app.canvas;  // right of the middle of the view: clear of the docs panel
+            const [x, y] = canvas.ds.convertOffsetToCanvas([canvas.canvas.width * 0.6, canvas.canvas.height * 0.4]);
+            node.pos = [x, y];
+            graph.add(node);
+            window.app.canvas.deselectAll?.();
+            window.app.canvas.selectNode(node);
+            window.app.canvas.setDirty(true, true);
+        }""", node_class)
+        info = page.locator("[data-testid=info-button]").first  # the selection toolbox's button
+        info.wait_for(timeout=30_000)
+        info.dispatch_event("click")  # the docs panel of the node before may lie over it
+        docs = page.locator(".node-help-content .markdown-content").first
+        docs.wait_for(timeout=30_000)
+        page.wait_for_function("(title) => [...document.querySelectorAll('.node-help-content .markdown-content h1')]"
+                               ".some(h => h.textContent.trim() === title)", arg=display, timeout=30_000)
+        text = docs.inner_text()
+        assert "Inputs" in text and "Status line" in text, text[:1000]
+        if node_class == "AccelDeepCache":
+            screenshot(page, "node_docs")
+    for node_class in ACCEL_NODES:  # served where the frontend looks for them
+        answer = page.request.get(f"{server.url}/extensions/comfyui-accel/docs/{node_class}.md")
+        assert answer.ok, node_class
+
+
+def test_every_input_of_every_accel_node_has_a_tooltip(ui):
+    server, _ = ui
+    info = server.get_json("/object_info")
+    for node_class in ACCEL_NODES:
+        for section in ("required", "optional"):
+            for name, spec in info[node_class]["input"].get(section, {}).items():
+                options = spec[1] if len(spec) > 1 else {}
+                assert options.get("tooltip"), f"{node_class}.{name} has no tooltip"
