@@ -11,6 +11,9 @@ model (bench/compile_flux.py measures that at full width).
 
     python bench/compile_families.py [--families flux,wan21] [--steps 4] [--scale 2] [--rounds 5 --core]
 
+`--families flux-bench` runs the benchmark Flux of docs/benchmarks/REPORT.md (tools/family_models.FLUX_BENCH: 2 double
++ 4 single blocks at full width, written by `make models`) with the generated Flux's conditioning and latent.
+
 With --rounds, the process then samples eager, the defaults, always compiled (and with --core ComfyUI's own
 TorchCompileModel) in turn, round after round, for steady speeds that the machine's drift cannot tilt.
 """
@@ -129,6 +132,19 @@ def run_family(engine, nodes, family, steps: int, shape, rounds: int = 0, core: 
     return result
 
 
+def bench_flux_case():
+    """The benchmark Flux as a family case: the generated Flux's conditioning and latent, the benchmark's file."""
+    from families import FamilyCase
+    from tools.family_models import FLUX_BENCH
+
+    class BenchFlux(FamilyCase):
+        @property
+        def file_name(self) -> str:
+            return FLUX_BENCH.file_name
+
+    return BenchFlux
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", help="comma-separated names (default: every family)")
@@ -144,7 +160,7 @@ def main() -> None:
     os.environ["ACCEL_CACHE_DIR"] = str(Path(cache) / "accel")
     import torch
 
-    from families import FAMILIES
+    from families import FAMILIES, BY_FAMILY
     from fresh_process import write_report
     from tools.comfy_env import import_comfyui, load_pack
 
@@ -154,7 +170,8 @@ def main() -> None:
     engine = load_pack().accel.compile
     wanted = args.families.split(",") if args.families else [f.name for f in FAMILIES]
     results = []
-    for family in FAMILIES:
+    bench_flux = bench_flux_case()(**{**vars(BY_FAMILY["flux"]), "name": "flux-bench"})
+    for family in (*FAMILIES, bench_flux):
         if family.name not in wanted:
             continue
         try:
