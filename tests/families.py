@@ -3,6 +3,7 @@ latent, and sampler conditioning with each family's real tensor widths, fed dire
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -21,10 +22,11 @@ class FamilyCase:
     cfg: float = 5.0                  # what the family is usually sampled with
     tokens: int = 77                  # default prompt length
     steps: int = 4                    # sampling steps the tests take by default
+    asset: str | None = None          # a trained model's file in bench/assets/ instead of a generated one
 
     @property
     def file_name(self) -> str:
-        return BY_NAME[self.name].file_name
+        return self.asset or BY_NAME[self.name].file_name
 
     def conds(self, seed: int = 0, tokens: int | None = None):
         """(positive, negative) as CLIPTextEncode would give them: [[cross_attn, {extras}]]. The negative has
@@ -68,10 +70,19 @@ FAMILIES = [
 ]
 
 BY_FAMILY = {f.name: f for f in FAMILIES}
+# The video Wan 2.1 that bench/deepcache_video_quality.py trained on moving digits (dim 128, 6 blocks, committed):
+# a real model's weights at a test's size, 8 latent frames of 16x16.
+TRAINED_WAN = FamilyCase("digits_wan21", "WAN21", (1, 16, 8, 16, 16), 4096, cfg=5.0, asset="digits_wan21.safetensors")
+ASSETS = Path(__file__).resolve().parent.parent / "bench" / "assets"
 
 
 def load(comfy_nodes, family: FamilyCase):
-    """The family's file through ComfyUI's own UNETLoader node."""
+    """The family's file through ComfyUI's own UNETLoader node (a trained model's from bench/assets/, added to
+    ComfyUI's model paths as an extra_model_paths entry would)."""
+    if family.asset:
+        import folder_paths
+
+        folder_paths.add_model_folder_path("diffusion_models", str(ASSETS))
     (model,) = comfy_nodes.UNETLoader().load_unet(family.file_name, "default")
     return model
 

@@ -1,0 +1,107 @@
+"""Peak memory at video scale: Compile Model, DeepCache and both against eager, on a narrow Wan 2.1 with a latent
+of real proportions (832x480 pixels, 33 frames: a [1, 16, 9, 60, 104] latent, 14 040 tokens a frame stack).
+
+Each scenario runs in a fresh process with empty compile caches of its own (bench/fresh_process.py): it loads the
+model with ComfyUI's UNETLoader, samples once (Compile Model's defaults: eagerly, while its background child
+compiles), waits for the child, samples again (the compiled blocks loaded) and reports the process's peak RSS
+(the kernel's high-water mark, VmHWM: both samplings, the load and the imports) and the child's peak, apart.
+cfg above 1 (cond and uncond in one batch), euler, `--steps` steps. The model: the trained video Wan of
+bench/deepcache_video_quality.py (bench/assets/digits_wan21.safetensors: narrow, 6 blocks; what matters here is
+what each node adds at this token count).
+
+    .venv/bin/python bench/video_memory.py [--steps 3] [--frames 33] [--width 832] [--height 480]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from fresh_process import run_variants, write_report  # noqa: E402
+
+SCENARIOS = ("eager", "compile", "deepcache", "compile+deepcache")
+TRAINED = ROOT / "bench" / "assets" / "digits_wan21.safetensors"  # bench/deepcache_video_quality.py
+BOUND = 1.05
+
+
+def latent_shape(width: int, height: int, frames: int) -> tuple[int, ...]:
+    """Wan 2.1's latent of a clip: 16 channels, a frame per 4 (plus the first), 8x smaller in height and width."""
+    return (1, 16, (frames - 1) // 4 + 1, height // 8, width // 8)
+
+
+def run_scenario(scenario: str, args) -> dict:
+    import torch
+
+    from memory import peak_mib
+    from tools.comfy_env import import_comfyui, load_pack
+
+    import_comfyui(cpu=True)
+    pack = load_pack()
+    import folder_paths
+    import nodes
+
+    folder_paths.add_model_folder_path("diffusion_models", str(TRAINED.parent))
+    (model,) = nodes.UNETLoader().load_unet(TRAINED.name, "default")
+    if "compile" in scenario:
+        model = pack.accel.compile.compile_model(model, pack.accel.compile.CompileOptions())
+    if "deepcache" in scenario:
+        (model,) = pack.nodes.deepcache.DeepCache().apply(model, 3, 0, 0.0, 1.0, "uniform")
+    shape = latent_shape(args.width, args.height, args.frames)
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randn(1, 77, 4096, generator=gen)
+    positive, negative = [[context, {}]], [[torch.zeros_like(context), {}]]
+
+    def sample() -> float:
+        import comfy.sample
+
+        latent = torch.zeros(shape)
+        noise = comfy.sample.prepare_noise(latent, 0)
+        start = time.perf_counter()
+        comfy.sample.sample(model, noise, args.steps, 5.0, "euler", "normal", positive, negative, latent,
+                            disable_pbar=True, seed=0)
+        return time.perf_counter() - start
+
+    first = sample()
+    background = pack.accel.compile.background.BACKGROUND
+    background.wait(timeout=1800)
+    second = sample()
+    children = [job.get("peak_rss_mib") for job in background.stats()["finished"]]
+    return {"scenario": scenario, "model": TRAINED.name, "latent": list(shape), "first_s": round(first, 2),
+            "second_s": round(second, 2), "peak_rss_mib": round(peak_mib()), "child_peak_rss_mib": children}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--frames", type=int, default=33)
+    parser.add_argument("--width", type=int, default=832)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(run_scenario(args.child, args)), flush=True)
+        return
+    child_args = ["--steps", str(args.steps), "--frames", str(args.frames), "--width", str(args.width),
+                  "--height", str(args.height)]
+    results = run_variants(__file__, args.scenarios.split(","), child_args)
+    eager = next(r for r in results if r["scenario"] == "eager")["peak_rss_mib"]
+    ratios = {r["scenario"]: round(r["peak_rss_mib"] / eager, 3) for r in results}
+    write_report("video_memory", {"settings": vars(args), "results": results, "ratios": ratios})
+    print("\n| scenario | peak RSS MiB | x eager | first sampling s | second s | child's peak RSS MiB |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        print(f"| {r['scenario']} | {r['peak_rss_mib']} | {ratios[r['scenario']]:.3f} | {r['first_s']} | "
+              f"{r['second_s']} | {', '.join(map(str, r['child_peak_rss_mib'])) or '-'} |")
+    over = [s for s, ratio in ratios.items() if ratio > BOUND]
+    print(f"\nbound {BOUND}x eager's peak RSS: " + (f"over for {', '.join(over)}" if over else "met by every scenario"))
+
+
+if __name__ == "__main__":
+    main()
