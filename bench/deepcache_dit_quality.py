@@ -113,21 +113,17 @@ def train(steps: int, batch: int, seed: int = 0) -> dict:
     """Rectified flow: x_t = t * noise + (1 - t) * x0, the model predicts noise - x0 (what ComfyUI's FLUX model
     type turns into a denoised image), t logit-normal; the class dropped 10 % of the time."""
     import torch
-    from deepcache_quality import digits
+    from deepcache_quality import Trainer, digits
 
     torch.manual_seed(seed)
     model, conditioning = build()
     images, labels, _, _ = digits()
     net = model.diffusion_model
     net.train()
-    params = list(net.parameters()) + conditioning.parameters()
-    for p in params:
-        p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-3, total_steps=steps, pct_start=0.05)
-    ema = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    ema_cond = [p.detach().clone() for p in conditioning.parameters()]
-    start = time.perf_counter()
+    class_tokens, class_pooled = conditioning.parameters()
+    trainer = Trainer(list(net.parameters()) + conditioning.parameters(),
+                      {**{f"diffusion_model.{k}": v for k, v in net.state_dict().items()},
+                       "class_tokens": class_tokens, "class_pooled": class_pooled}, steps, lr=1e-3, clip=1.0)
     for step in range(steps):
         idx = torch.randint(0, len(images), (batch,))
         x0, y = images[idx], labels[idx].clone()
@@ -140,23 +136,8 @@ def train(steps: int, batch: int, seed: int = 0) -> dict:
         with torch.autograd.graph.allow_mutation_on_saved_tensors():
             context, pooled = conditioning(y)
             velocity = net(x_t, model.model_sampling.timestep(t), context=context, y=pooled)
-            loss = torch.nn.functional.mse_loss(velocity, noise - x0)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        schedule.step()
-        with torch.no_grad():
-            decay = min(0.999, (1 + step) / (10 + step))
-            for k, v in net.state_dict().items():
-                ema[k].mul_(decay).add_(v.detach(), alpha=1 - decay)
-            for e, p in zip(ema_cond, conditioning.parameters()):
-                e.mul_(decay).add_(p.detach(), alpha=1 - decay)
-        if step % 200 == 0 or step == steps - 1:
-            print(f"  step {step:5d}  loss {loss.item():.4f}  {time.perf_counter() - start:6.1f} s", flush=True)
-    out = {f"diffusion_model.{k}": v.contiguous() for k, v in ema.items()}
-    out["class_tokens"], out["class_pooled"] = (e.contiguous() for e in ema_cond)
-    return out
+            trainer.step(step, torch.nn.functional.mse_loss(velocity, noise - x0))
+    return trainer.averaged()
 
 
 def generate(patcher, conditioning, per_class: int, steps: int, cfg: float, sampler: str):

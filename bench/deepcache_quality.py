@@ -93,6 +93,45 @@ def digits():
     return images.clamp(-1, 1), torch.tensor(data.target), data.data, data.target
 
 
+class Trainer:
+    """What the digits benchmarks' training loops share: AdamW under a one-cycle schedule over `params`, gradients
+    clipped to `clip` (None: not clipped), an exponential moving average of `tracked` (name -> tensor, updated in
+    place by the optimizer) whose decay warms up as (1 + step) / (10 + step) to 0.999, and a progress line every
+    `every` steps."""
+
+    def __init__(self, params: list, tracked: dict, steps: int, lr: float, clip: float | None = None,
+                 pct_start: float = 0.05, every: int = 200):
+        import torch
+
+        self.params, self.tracked, self.steps, self.clip, self.every = params, tracked, steps, clip, every
+        for p in params:
+            p.requires_grad_(True)
+        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        self.schedule = torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=lr, total_steps=steps,
+                                                            pct_start=pct_start)
+        self.average = {k: v.detach().clone() for k, v in tracked.items()}
+        self.start = time.perf_counter()
+
+    def step(self, step: int, loss) -> None:
+        import torch
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.optimizer.step()
+        self.schedule.step()
+        with torch.no_grad():
+            decay = min(0.999, (1 + step) / (10 + step))
+            for name, value in self.tracked.items():
+                self.average[name].mul_(decay).add_(value.detach(), alpha=1 - decay)
+        if step % self.every == 0 or step == self.steps - 1:
+            print(f"  step {step:5d}  loss {loss.item():.4f}  {time.perf_counter() - self.start:6.1f} s", flush=True)
+
+    def averaged(self) -> dict:
+        return {name: value.contiguous() for name, value in self.average.items()}
+
+
 def train(steps: int, batch: int, seed: int = 0) -> dict:
     """Plain DDPM training (eps prediction, ComfyUI's sigma parametrisation), class dropped 10 % of the time."""
     import torch
@@ -102,14 +141,9 @@ def train(steps: int, batch: int, seed: int = 0) -> dict:
     images, labels, _, _ = digits()
     unet, sampling = model.diffusion_model, model.model_sampling
     unet.train()
-    params = list(unet.parameters()) + list(tokens.parameters())
-    for p in params:
-        p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=2e-3, total_steps=steps, pct_start=0.05)
-    ema = {k: v.detach().clone() for k, v in unet.state_dict().items()}
-    ema_tokens = tokens.weight.detach().clone()
-    start = time.perf_counter()
+    trainer = Trainer(list(unet.parameters()) + list(tokens.parameters()),
+                      {**{f"diffusion_model.{k}": v for k, v in unet.state_dict().items()},
+                       "class_tokens": tokens.weight}, steps, lr=2e-3)
     for step in range(steps):
         idx = torch.randint(0, len(images), (batch,))
         x0, y = images[idx], labels[idx].clone()
@@ -119,21 +153,8 @@ def train(steps: int, batch: int, seed: int = 0) -> dict:
         noise = torch.randn_like(x0)
         x_in = sampling.calculate_input(sigma, x0 + noise * sigma.view(-1, 1, 1, 1))
         pred = unet(x_in, t.float(), context=tokens(y).unsqueeze(1))
-        loss = torch.nn.functional.mse_loss(pred, noise)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        with torch.no_grad():
-            decay = min(0.999, (1 + step) / (10 + step))
-            for k, v in unet.state_dict().items():
-                ema[k].mul_(decay).add_(v.detach(), alpha=1 - decay)
-            ema_tokens.mul_(decay).add_(tokens.weight.detach(), alpha=1 - decay)
-        if step % 200 == 0 or step == steps - 1:
-            print(f"  step {step:5d}  loss {loss.item():.4f}  {time.perf_counter() - start:6.1f} s", flush=True)
-    out = {f"diffusion_model.{k}": v.contiguous() for k, v in ema.items()}
-    out["class_tokens"] = ema_tokens.contiguous()
-    return out
+        trainer.step(step, torch.nn.functional.mse_loss(pred, noise))
+    return trainer.averaged()
 
 
 def generate(patcher, tokens, per_class: int, steps: int, cfg: float, sampler: str):

@@ -126,7 +126,7 @@ def train(steps: int, batch: int, frames: int, seed: int = 0) -> dict:
     x_t = t * noise + (1 - t) * x0, the model predicts noise - x0 (ComfyUI's FLOW model type), t uniform through
     Wan's shifted schedule (shift 8, as the "simple" scheduler steps it); the class dropped 10 % of the time."""
     import torch
-    from deepcache_quality import digits
+    from deepcache_quality import Trainer, digits
     from tools.family_models import PREFIX, Family, check_detection
 
     torch.manual_seed(seed)
@@ -138,15 +138,9 @@ def train(steps: int, batch: int, frames: int, seed: int = 0) -> dict:
     tokens = torch.nn.Embedding(NULL_CLASS + 1, CONTEXT_TOKENS * TEXT_DIM)
     torch.nn.init.normal_(tokens.weight, std=1.0)
     net.train()
-    params = list(net.parameters()) + [tokens.weight]
-    for p in params:
-        p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-3, total_steps=steps,
-                                                   pct_start=max(0.05, 2 / steps))  # short runs: 2 warm-up steps
-    ema = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    ema_tokens = tokens.weight.detach().clone()
-    start = time.perf_counter()
+    trainer = Trainer(list(net.parameters()) + [tokens.weight],
+                      {**{PREFIX + k: v for k, v in net.state_dict().items()}, EXTRA + "class_tokens": tokens.weight},
+                      steps, lr=1e-3, clip=1.0, pct_start=max(0.05, 2 / steps), every=50)  # short runs: 2 warm-up steps
     for step in range(steps):
         idx = torch.randint(0, len(ink), (batch,))
         x0 = model.latent_format.process_in(vae.encode(make_clips(ink[idx], frames, generator)))
@@ -156,23 +150,11 @@ def train(steps: int, batch: int, frames: int, seed: int = 0) -> dict:
         noise = torch.randn_like(x0)
         x_t = t.view(-1, 1, 1, 1, 1) * noise + (1 - t.view(-1, 1, 1, 1, 1)) * x0
         velocity = net(x_t, sampling.timestep(t), context=tokens(y).view(batch, CONTEXT_TOKENS, TEXT_DIM))
-        loss = torch.nn.functional.mse_loss(velocity, noise - x0)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        schedule.step()
-        with torch.no_grad():
-            decay = min(0.999, (1 + step) / (10 + step))
-            for k, v in net.state_dict().items():
-                ema[k].mul_(decay).add_(v.detach(), alpha=1 - decay)
-            ema_tokens.mul_(decay).add_(tokens.weight.detach(), alpha=1 - decay)
-        if step % 50 == 0 or step == steps - 1:
-            print(f"  step {step:5d}  loss {loss.item():.4f}  {time.perf_counter() - start:6.1f} s", flush=True)
-    seconds = time.perf_counter() - start
-    check_detection(Family("digits-wan21", "WAN21_T2V", DIGITS_WAN), ema)  # UNETLoader will read it as WAN21_T2V
-    out = {PREFIX + k: v.contiguous() for k, v in ema.items()}
-    out[EXTRA + "class_tokens"] = ema_tokens.contiguous()
+        trainer.step(step, torch.nn.functional.mse_loss(velocity, noise - x0))
+    seconds = time.perf_counter() - trainer.start
+    out = trainer.averaged()
+    check_detection(Family("digits-wan21", "WAN21_T2V", DIGITS_WAN),  # UNETLoader will read it as WAN21_T2V
+                    {k[len(PREFIX):]: v for k, v in out.items() if k.startswith(PREFIX)})
     out[EXTRA + "training"] = torch.tensor([steps, batch, frames, seconds], dtype=torch.float64)
     return out
 
