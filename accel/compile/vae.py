@@ -121,11 +121,8 @@ def compile_vae(vae, options: CompileOptions, owner: str | None = None):
     return compiled
 
 
-def compiled_methods(vae) -> list[CompiledMethod]:
-    """The compiled coding methods of a VAE copy made by compile_vae (none for any other VAE)."""
-    return [patch for patch in vae.patcher.object_patches.values() if isinstance(patch, CompiledMethod)]
-
-
 def method_entries(vae) -> list[tuple[str, KindEntry | None]]:
-    """Each compiled coding method's name and the registry entry of its latest call (status.py)."""
-    return [(method.method, method.entry) for method in compiled_methods(vae)]
+    """Each compiled coding method of a VAE copy made by compile_vae: its name and the registry entry of its latest
+    call (status.py)."""
+    return [(patch.method, patch.entry) for patch in vae.patcher.object_patches.values()
+            if isinstance(patch, CompiledMethod)]

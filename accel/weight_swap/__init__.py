@@ -8,7 +8,8 @@ Public entry points:
 - `SWAP_LOCK`: held by every swap, process-wide.
 
 How it works: ledger.py (the swap and its journal in ComfyUI's backup), origin.py (the original weights, on disk),
-sources.py (streaming reads from files), model_source.py (from another MODEL), validate.py (the architecture check), patcher.py (ComfyUI hooks).
+sources.py (streaming reads from files), model_source.py (from another MODEL), validate.py (the architecture
+check), patcher.py (ComfyUI hooks).
 """
 from .patcher import SWAP_LOCK, plan_of, swap_from_model, swap_weights
 from .model_source import ModelWeights
