@@ -58,3 +58,36 @@ def test_someone_waiting_releases_at_once_and_each_callback_runs_once(gate):
     gate.sampling_ended()
     time.sleep(0.8)
     assert calls == ["jobs", "checks"] and not gate.holding
+
+
+class SlowLoad:
+    """A kind whose precompiled functions take until `release` to load, as KindEntry.load_precompiled does it (the
+    loader only asks these three things of an entry)."""
+
+    def __init__(self, label: str):
+        self.kind = type("Kind", (), {"label": label})()
+        self.precompiled = type("Graphs", (), {"due": True})()
+        self.loading, self.release = threading.Event(), threading.Event()
+
+    def load_precompiled(self) -> bool:
+        self.loading.set()
+        self.release.wait(10)
+        self.precompiled.due = False
+        return True
+
+
+def test_a_kind_loading_now_is_still_pending(accel_pack):
+    """What the demo and the HTTP tests wait on (BACKGROUND.busy) counts a kind whose load is under way: it once
+    read only the loader's queue, which a load empties first, so a prompt could start before the load was done."""
+    loader = accel_pack.accel.compile.background.loader.Loader()
+    kind = SlowLoad("Block[8->8]")
+    loader.load_when_idle([kind])
+    assert loader.pending == ["Block[8->8]"]
+    loader.wake()  # an idle moment
+    assert kind.loading.wait(5), "the loader did not start"
+    assert loader.pending == ["Block[8->8]"], "a kind loading now was not pending"
+    kind.release.set()
+    deadline = time.monotonic() + 5
+    while loader.pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loader.pending == []

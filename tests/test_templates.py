@@ -98,15 +98,15 @@ def test_every_template_opens_from_the_template_browser_with_its_model_links(ui)
         image = found.locator("img").first
         page.wait_for_function("(img) => img.complete && img.naturalWidth > 0", arg=image.element_handle(),
                                timeout=30_000)
+        api_copy = json.loads((ROOT / "workflows_api" / f"{template.api_name}_api.json").read_text())
+        expected = sorted(v["class_type"] for v in api_copy.values())
         found.click()
-        page.wait_for_function("(n) => window.app.graph._nodes.some(x => x.type && x.type.startsWith('Accel'))"
-                               " && !document.querySelector('.workflow-template-selector-dialog')", arg=None,
-                               timeout=30_000)
+        page.wait_for_function("""(types) => !document.querySelector('.workflow-template-selector-dialog')
+            && JSON.stringify(window.app.graph._nodes.map(n => n.type).sort()) === JSON.stringify(types)""",
+                               arg=expected, timeout=30_000)  # the template's graph, all its nodes
         time.sleep(0.5)
         assert not error_dialogs(page), f"{template.title}: {error_dialogs(page)}"
-        api_copy = json.loads((ROOT / "workflows_api" / f"{template.api_name}_api.json").read_text())
         nodes = loaded_nodes(page)
-        assert sorted(n["type"] for n in nodes) == sorted(v["class_type"] for v in api_copy.values()), template
         for node in nodes:  # each real file a node names comes with its link, as ComfyUI's templates carry it
             named = [v for v in node["widgets"] if isinstance(v, str) and v in BY_NAME]
             assert [m["name"] for m in node["models"] or []] == named, node

@@ -248,10 +248,14 @@ class PrecompiledGraphs:
         return self.due or bool(self.functions)
 
     def load_due(self, read_files: Callable[[], list], kernel_dir=None) -> None:
-        """If functions are due, read the kind's files (`read_files()`) and load those not loaded yet."""
+        """If functions are due, read the kind's files (`read_files()`) and load those not loaded yet. They stay due
+        until loaded: meanwhile the kind's calls run eagerly as before (KindEntry.loads_between_prompts), rather than
+        find neither a due load nor a function."""
         if self.due:
-            self.due = False
-            self.load(read_files(), kernel_dir)
+            try:
+                self.load(read_files(), kernel_dir)
+            finally:
+                self.due = False
 
     def load(self, files: list[tuple[dict, bytes]], kernel_dir=None) -> int:
         """Load the functions of `files` not loaded yet (their kernel libraries put under `kernel_dir` first);

@@ -29,6 +29,7 @@ class Loader:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._due: list = []  # KindEntry, in the order they came
+        self._loading: list = []  # taken from _due by a load under way: still to come for `pending`
         self._asked = False  # a wake the thread has not acted on yet (never lost: it may come before its wait)
         self._thread: threading.Thread | None = None
 
@@ -51,7 +52,10 @@ class Loader:
 
     @property
     def pending(self) -> list[str]:
-        return [e.kind.label for e in self._due if e.precompiled.due]
+        """Kinds still to load, those loading now included (BACKGROUND.busy: what the demo and tests wait on)."""
+        with self._lock:
+            loading, due = list(self._loading), list(self._due)
+        return [e.kind.label for e in loading] + [e.kind.label for e in due if e.precompiled.due]
 
     def load_all_now(self) -> None:
         """Load every due kind that can load, in the caller's thread (someone waits for the background work)."""
@@ -67,22 +71,27 @@ class Loader:
     def _load_what_can(self, stop_for_sampling: bool) -> None:
         with self._lock:
             due, self._due = self._due, []
+            self._loading += due
         waiting = []
-        for index, entry in enumerate(due):
-            if stop_for_sampling and IDLE_GATE.sampling:  # the rest at the next idle moment
-                waiting += due[index:]
-                break
-            try:
-                with ACTIVITY.running("a load of precompiled graphs"):  # no timing is taken beside it
-                    loaded = entry.load_precompiled()
-            except Exception as err:  # noqa: BLE001  (the kind loads at its next call instead)
-                log.info("[Accel] Compile Model: loading %s's precompiled graphs failed here (%s); they load at its "
-                         "next call", entry.kind.label, err)
-                continue
-            if not loaded and entry.precompiled.due:  # not yet (inductor's CPU checks): kept for later
-                waiting.append(entry)
+        try:
+            for index, entry in enumerate(due):
+                if stop_for_sampling and IDLE_GATE.sampling:  # the rest at the next idle moment
+                    waiting += due[index:]
+                    break
+                try:
+                    with ACTIVITY.running("a load of precompiled graphs"):  # no timing is taken beside it
+                        loaded = entry.load_precompiled()
+                except Exception as err:  # noqa: BLE001  (the kind loads at its next call instead)
+                    log.info("[Accel] Compile Model: loading %s's precompiled graphs failed here (%s); they load at "
+                             "its next call", entry.kind.label, err)
+                    continue
+                if not loaded and entry.precompiled.due:  # not yet (inductor's CPU checks): kept for later
+                    waiting.append(entry)
+        finally:
+            with self._lock:
+                self._loading = [e for e in self._loading if e not in due]
+                self._due = waiting + [e for e in self._due if e not in waiting]
         with self._lock:
-            self._due = waiting + [e for e in self._due if e not in waiting]
             retry = bool(self._due) and stop_for_sampling and IDLE_GATE.sampling
         if retry:
             IDLE_GATE.when_idle(self.wake)
