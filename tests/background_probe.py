@@ -42,7 +42,7 @@ def main() -> None:
     from families import BY_FAMILY, load, sample
 
     family = BY_FAMILY[args.family]
-    engine.kind_choice.FASTER_MARGIN = engine.auto_mode.FASTER_MARGIN = 100.0
+    engine.kind_choice.FASTER_MARGIN = engine.auto_mode.WHOLE_CALL_MARGIN = 100.0
 
     def counters() -> dict:
         return {"frames": dynamo_frames(), **engine.kinds.disk_cache_counters()}

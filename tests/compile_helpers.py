@@ -74,9 +74,8 @@ def assert_every_artifact_whole(store, cache_dir) -> None:
 def own_kinds(engine, patcher, choose: str | None = None) -> list[dict]:
     """Registry stats of the kinds `patcher`'s model runs (each once; only its records with `choose`, if given),
     whatever else this process compiled: kinds are shared between models, so the registry holds other tests'."""
-    records = engine.model_record._states[patcher.model.diffusion_model].records
-    entries = {e.key: e for (_, options, _), record in records.items()
-               if choose is None or options.choose == choose for e in record.entries}
+    entries = {e.key: e for record in engine.model_record.records_of(patcher.model)
+               if choose is None or record.options.choose == choose for e in record.entries}
     return [e.stats() for e in entries.values()]
 
 

@@ -23,7 +23,7 @@ from test_auto_mode_measuring import ToyBaseModel, call
 
 
 def record_of(engine, patcher):
-    (record,) = engine.model_record._states[patcher.model.diffusion_model].records.values()
+    (record,) = engine.model_record.records_of(patcher.model)
     return record
 
 
@@ -137,7 +137,7 @@ def test_a_close_eager_verdict_is_checked_again_a_clear_one_is_not(engine, monke
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "compile-cache"))
     monkeypatch.setattr(engine.kind_choice, "MIN_CALL_SHARE", 0.0)
     monkeypatch.setattr(engine.kind_choice, "FASTER_MARGIN", 1e9)
-    monkeypatch.setattr(engine.auto_mode, "FASTER_MARGIN", 0.0)
+    monkeypatch.setattr(engine.auto_mode, "WHOLE_CALL_MARGIN", 0.0)
     monkeypatch.setattr(engine.auto_mode, "RECHECK_BAND", band)
     gate = engine.background.IDLE_GATE
     torch.manual_seed(dim)
@@ -186,7 +186,7 @@ def test_no_compile_in_a_prompt_after_a_size_batch_or_cfg_change(engine, comfy_n
     still compile nothing in the prompt."""
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "compile-cache"))
     monkeypatch.setattr(engine.kind_choice, "FASTER_MARGIN", 1e9)  # keep the compiled path, whatever the timing
-    monkeypatch.setattr(engine.auto_mode, "FASTER_MARGIN", 1e9)
+    monkeypatch.setattr(engine.auto_mode, "WHOLE_CALL_MARGIN", 1e9)
     model = load(comfy_nodes)
     compiled = engine.compile_model(model, engine.CompileOptions())
     background = engine.background.BACKGROUND

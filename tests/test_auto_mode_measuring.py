@@ -136,8 +136,7 @@ def test_every_measuring_path_leaves_each_call_as_eager(accel_pack, monkeypatch,
         expected = call(eager, x.clone())
         assert torch.equal(x, x_before), f"call {step}: the caller's input was changed"
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5, msg=f"call {step}: output differs from eager")
-        records = [r for r in engine.model_record._states[patcher.model.diffusion_model].records.values()]
-        record = records[0]
+        record = engine.model_record.records_of(patcher.model)[0]
         modes.append(record.auto.verdict or record.auto.status(record.entries))
         if background and step == 1:
             engine.background.BACKGROUND.wait(timeout=300)  # the child fails (the toy blocks do not import there)

@@ -6,8 +6,10 @@ costs the prompt.
 
 The cross-process tests share one cache directory (module scope) and run in order: two cold processes at once and a
 warm third, damaged entries, damaged torch files, then precompile at a new size and a server workflow at that size,
-then export/import. Their probes (tests/cache_probe.py via probe_runs.py) sample LTX-Video, one block kind, to keep
-CI's time; the UNet's kinds cross processes in the precompile test. Hit and miss counts are torch's own counters
+then export/import. Each stands alone too (`pytest path::name`): the `filled` fixture compiles the kind into the
+shared cache with one process when no earlier test of the run has. Their probes (tests/cache_probe.py via
+probe_runs.py) sample LTX-Video, one block kind, to keep CI's time; the UNet's kinds cross processes in the
+precompile test. Hit and miss counts are torch's own counters
 (counters["inductor"]["fxgraph_cache_hit"/"miss"], counters["aot_autograd"]["autograd_cache_hit"/"miss"]).
 """
 from __future__ import annotations
@@ -37,6 +39,17 @@ PRECOMPILED = (192, 192)  # a size the probes never sample, so only precompile c
 def shared(tmp_path_factory):
     """One cache directory shared by the processes of this module, and what each process reported."""
     return {"dir": tmp_path_factory.mktemp("accel-cache"), "runs": {}}
+
+
+@pytest.fixture
+def filled(shared, tmp_path_factory):
+    """The shared cache with the probe's kind compiled into it and the reference outputs (`cold`, `eager`,
+    `output`): what the first test leaves; a test run without it gets them from one cold process here."""
+    if "output" not in shared["runs"]:
+        out = tmp_path_factory.mktemp("filled")
+        cold, _ = run_probe(shared["dir"], out / "cold.pt", eager=out / "eager.pt")
+        shared["runs"].update(cold=cold, eager=torch.load(out / "eager.pt"), output=torch.load(out / "cold.pt"))
+    return shared
 
 
 def environment_dir(cache_dir: Path) -> Path:
@@ -80,9 +93,8 @@ def test_two_processes_compiling_at_once_leave_a_cache_a_third_loads_whole(share
         assert run["torch_state_changes"] == [], run["torch_state_changes"]
 
 
-def test_damaged_entries_are_skipped_and_rebuilt(shared, tmp_path, accel_pack):
-    if "warm" not in shared["runs"]:
-        pytest.skip("needs the cache written by the test above")
+def test_damaged_entries_are_skipped_and_rebuilt(filled, tmp_path, accel_pack):
+    shared = filled
     store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
     env_dir = environment_dir(shared["dir"])
     artifact = sorted(env_dir.glob("artifacts/*/*.bin"))[0]
@@ -106,13 +118,12 @@ def test_damaged_entries_are_skipped_and_rebuilt(shared, tmp_path, accel_pack):
     assert_close_to_eager(torch.load(tmp_path / "damaged.pt"), shared["runs"]["output"], "after a damaged entry")
 
 
-def test_damaged_torch_files_are_set_aside_and_rebuilt_from_the_artifacts(shared, tmp_path):
+def test_damaged_torch_files_are_set_aside_and_rebuilt_from_the_artifacts(filled, tmp_path):
     """torch's own files in the cache damaged (every file under `inductor/` cut short: the generated code and
     kernels torch loads without a check): the process compiles outside the cache, stays compiled and correct, and
     sets the damaged folder aside with one warning; the next process rebuilds it from the pack's checksummed
     artifacts and compiles nothing cold."""
-    if "warm" not in shared["runs"]:
-        pytest.skip("needs the cache written by the tests above")
+    shared = filled
     torch_files = [p for p in shared["dir"].glob("*/inductor/**/*") if p.is_file() and p.stat().st_size > 20]
     assert torch_files, "torch wrote nothing into the cache"
     for path in torch_files:  # cut short, as by a crash or a disk error under torch's own writes
@@ -186,9 +197,8 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     assert sum(k["precompiled"]["calls"] for k in stats["kinds"]) > 0, stats["kinds"]
 
 
-def test_export_and_import_move_the_cache(shared, tmp_path):
-    if not any(shared["dir"].glob("*/artifacts/*/*.bin")):
-        pytest.skip("needs the cache written by the tests above")
+def test_export_and_import_move_the_cache(filled, tmp_path):
+    shared = filled
     exported = tmp_path / "cache.zip"
     env = {**os.environ, "ACCEL_CACHE_DIR": str(shared["dir"])}
     # auto mode's saved block shares travel too (the probes compile "always", so none were measured: two are

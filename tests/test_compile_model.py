@@ -256,7 +256,7 @@ def test_auto_mode_checks_whole_calls_and_keeps_the_faster(engine, comfy_nodes, 
     per kind, compiled always wins (else a noisy timing could leave no kind compiled, and nothing to check);
     for whole calls, 0 (compiled never counts as faster) and huge (it always does). The timing itself is real."""
     monkeypatch.setattr(engine.kind_choice, "FASTER_MARGIN", 1e9)
-    monkeypatch.setattr(engine.auto_mode, "FASTER_MARGIN", margin)
+    monkeypatch.setattr(engine.auto_mode, "WHOLE_CALL_MARGIN", margin)
     fresh = load(comfy_nodes)  # a new diffusion model, so a new check
     eager = sample(fresh, steps=10)
     # "static": entries of their own, so their per-kind choice is made here, under the forced margin

@@ -25,7 +25,7 @@ def main() -> None:
     engine = load_pack(as_in_a_server=True).accel.compile
     import torch
 
-    engine.kind_choice.FASTER_MARGIN = engine.auto_mode.FASTER_MARGIN = 100.0
+    engine.kind_choice.FASTER_MARGIN = engine.auto_mode.WHOLE_CALL_MARGIN = 100.0
     with torch.inference_mode():  # as in ComfyUI's executor
         result = decode_and_report(engine)
     print("RESULT " + json.dumps(result), flush=True)

@@ -30,6 +30,7 @@ class ModelRecord:
     sites: list[BlockSite]
     entries: list[KindEntry]  # one per site (blocks of one kind share an entry)
     auto: AutoMode | None  # choose="auto" only
+    options: CompileOptions  # the effective options it runs under
     last_call: dict = field(default_factory=dict)  # how its latest call's blocks ran (compiled, eager and why)
     # The shapes of the model call's tensor inputs (auto_mode.inputs_key) of calls in which every kind was
     # settled: a repeat of those needs no look for a new shape to send to the background compiler.
@@ -60,7 +61,7 @@ def model_record(base_model, options: CompileOptions, device: torch.device, whol
         label = f"{type(base_model).__name__}@{id(base_model):x}"
         entries = [REGISTRY.entry(site.kind, site.forward, options, device) for site in sites]
         auto = AutoMode(label) if options.choose == "auto" else None
-        record = state.records[key] = ModelRecord(label, sites, entries, auto)
+        record = state.records[key] = ModelRecord(label, sites, entries, auto, options)
         REGISTRY.note_model(record)
     return record
 
