@@ -95,23 +95,23 @@ def test_a_damaged_shares_file_is_measured_again_and_rewritten(engine, tmp_path,
 
 def test_a_damaged_background_job_fails_that_job_alone(engine, accel_pack, tmp_path, monkeypatch):
     """The child as the parent starts it (its set-up, its command), given two damaged jobs one after the other."""
-    parent = engine.background.parent
+    worker_module = engine.background.worker
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cache"))
     env_dir = accel_pack.accel.cache.COMPILE_CACHE.environment("cpu").dir
     worker = env_dir / "jobs" / "worker-test"
     worker.mkdir(parents=True)
-    (worker / "setup.json").write_text(json.dumps(parent._child_setup(env_dir)))
+    (worker / "setup.json").write_text(json.dumps(worker_module.child_setup(env_dir)))
     jobs = []
     for name, content in (("job-damaged", b"\x80\x04not a pickle"), ("job-cut", b"")):
         job = env_dir / "jobs" / name
         job.mkdir()
         (job / "job.pkl").write_bytes(content)
         jobs.append(job)
-    child = subprocess.run([sys.executable, "-m", "accel", "compile-worker", str(worker)], cwd=parent.PACK_DIR,
+    child = subprocess.run([sys.executable, "-m", "accel", "compile-worker", str(worker)], cwd=worker_module.PACK_DIR,
                            input="".join(f"{job}\n" for job in jobs), capture_output=True, text=True, timeout=300,
                            env={**os.environ, "ACCEL_CACHE_DIR": str(env_dir.parent)})
     assert child.returncode == 0, child.stderr[-3000:]
     for job in jobs:  # each job failed on its own and said why; the child went on to the next
-        done = json.loads((job / parent.DONE_FILE).read_text())
+        done = json.loads((job / worker_module.DONE_FILE).read_text())
         assert done["returncode"] == 1 and done["error"].startswith(("UnpicklingError", "EOFError")), done
     assert (worker / "setup.json").exists(), "the failed jobs' worker folder (its log) was not kept"

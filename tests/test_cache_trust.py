@@ -2,7 +2,7 @@
 unpickles its jobs from it), so the pack creates it owner-only and refuses, with one warning that names the
 problem and the fix, a cache that another user owns, that group or others can write to, or that holds a symbolic
 link. A refused cache is left exactly as it was, and compiling goes on without it (accel/cache/trust.py). The job
-folders a killed ComfyUI leaves in it are swept by the next process (background/parent.py)."""
+folders a killed ComfyUI leaves in it are swept by the next process (background/job_folders.py)."""
 from __future__ import annotations
 
 import logging
@@ -118,16 +118,16 @@ def test_job_folders_of_ended_processes_are_swept(accel_pack, tmp_path):
     process's first job deletes the folders of processes that are gone, and only those."""
     import subprocess
 
-    parent = sys.modules[accel_pack.__name__ + ".accel.compile.background.parent"]
+    folders = sys.modules[accel_pack.__name__ + ".accel.compile.background.job_folders"]
     ended = subprocess.Popen(["true"])
     ended.wait()
     jobs = tmp_path / "jobs"
-    host = parent.folder_name("job").split("-")[1]
+    host = folders.folder_name("job").split("-")[1]
     names = [f"job-{host}-{ended.pid}-1", f"worker-{host}-{ended.pid}-2",  # gone: swept
-             parent.folder_name("job"), f"worker-{host}-1-4",  # this process's, a live process's
+             folders.folder_name("job"), f"worker-{host}-1-4",  # this process's, a live process's
              f"job-another.host-{ended.pid}-5", "1234-5", "notes"]  # another host's (its own pids), strangers
     for name in names:
         (jobs / name).mkdir(parents=True)
         (jobs / name / "job.pkl").write_bytes(b"")
-    assert sorted(parent.sweep_stale_jobs(jobs)) == sorted(names[:2])
+    assert sorted(folders.sweep_stale_jobs(jobs)) == sorted(names[:2])
     assert sorted(p.name for p in jobs.iterdir()) == sorted(names[2:])

@@ -480,12 +480,14 @@ def test_a_block_that_cannot_be_sent_to_the_child_compiles_here(engine, comfy_no
     entry = engine.kinds.KindEntry(key, site.kind, site.forward, options, "cpu")
     capture = engine.background.Capture(entry, site.module, "forward", False, False)
     args = (torch.zeros(2, 320, 8, 8), torch.zeros(2, 1280))
-    capture.add_call(engine.kinds.input_signature(args, {}), args, {})
+    capture.add_call(engine.shapes.input_signature(args, {}), args, {})
     compiler = engine.background.BackgroundCompiler()
     with caplog.at_level("WARNING", logger="comfyui_accel"):
         assert not compiler.launch([capture], tmp_path / "env")
     assert not compiler.has_jobs and not (tmp_path / "env").exists(), "a child was started for nothing it could use"
-    assert entry.background.state is engine.background.BackgroundState.FAILED and not entry.decide_background()  # compiled here at its next call
+    decide_background = engine.background.decision.decide_background
+    # compiled here at its next call
+    assert entry.background.state is engine.background.BackgroundState.FAILED and not decide_background(entry)
     assert "cannot be sent to a child process" in entry.background.reason
     assert "lambda" in caplog.text and site.kind.label in caplog.text
     assert callable(site.module.accel_test_hook)
@@ -508,7 +510,7 @@ def test_one_child_takes_job_after_job_until_it_is_idle(engine, tmp_path, monkey
     child. With ACCEL_BACKGROUND_IDLE_SECONDS=0 the child goes after each job, and the next one has a new one
     (the default after a GPU job, where a waiting child would hold a CUDA context)."""
     monkeypatch.delenv("ACCEL_BACKGROUND_IDLE_SECONDS", raising=False)
-    idle = engine.background.parent._idle_seconds
+    idle = engine.background.worker.idle_seconds
     assert idle("cpu") > 0 and idle("cuda") == 0, (idle("cpu"), idle("cuda"))
 
     def launch_one(compiler: engine.background.BackgroundCompiler, tag: str):
@@ -519,7 +521,7 @@ def test_one_child_takes_job_after_job_until_it_is_idle(engine, tmp_path, monkey
         entry = engine.kinds.KindEntry(key, kind, UnimportableBlock.forward, options, "cpu")
         capture = engine.background.Capture(entry, block, "forward", False, False)
         args = (torch.zeros(2, 4),)
-        capture.add_call(engine.kinds.input_signature(args, {}), args, {})
+        capture.add_call(engine.shapes.input_signature(args, {}), args, {})
         entry.background.capture()
         assert compiler.launch([capture], tmp_path / "env")
         assert compiler.wait(timeout=300), "the job did not end"

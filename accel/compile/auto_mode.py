@@ -278,4 +278,4 @@ def _settled_state(entries: list[KindEntry]) -> tuple[int, int, int, int]:
     """Compiles so far, kinds with a path chosen, kinds sent to a background compile and new shapes sent there,
     over a model's entries: unchanged by a call that only ran."""
     return (sum(e.compiles for e in entries), sum(e.choice.decided or e.failure is not None for e in entries),
-            sum(not e.background.undecided for e in entries), sum(len(e.shapes_sent) for e in entries))
+            sum(not e.background.undecided for e in entries), sum(len(e.shapes.shapes_sent) for e in entries))

@@ -12,7 +12,9 @@ from .attention import compiled_block_options
 from .auto_mode import CallMode, CallPlan
 from .background import ACTIVITY, Capture
 from .blocks import BlockSite, block_safe_options, whole_model_safe_options
-from .kinds import WOULD_COMPILE, KindEntry, input_signature, tensor_shapes, wait_for_device
+from .background.decision import decide_background
+from .kinds import WOULD_COMPILE, KindEntry, wait_for_device
+from .shapes import input_signature, tensor_shapes
 
 PATCHED = "another node patched the attention or the UNet"
 IN_BACKGROUND = "compiling in the background"
@@ -54,12 +56,12 @@ def new_shape_goes_to_child(entry: KindEntry, block, attribute: str, make_call, 
     background = entry.background
     call_args, call_kwargs = make_call()
     signature = input_signature(call_args, call_kwargs)
-    if signature in entry.shapes_sent:
+    if signature in entry.shapes.shapes_sent:
         return background.compiling_new_shape or entry.precompiled.due
     capture = captures.get(entry.key)
     if capture is not None and capture.new_shape:  # another new shape in this call: the same child
         capture.add_call(signature, call_args, call_kwargs)
-        entry.shapes_sent.add(signature)
+        entry.shapes.shapes_sent.add(signature)
         return True
     if background.compiling_new_shape:
         return True  # a child works on this kind: these inputs go to the next one, from a later call
@@ -70,7 +72,7 @@ def new_shape_goes_to_child(entry: KindEntry, block, attribute: str, make_call, 
     capture = captures[entry.key] = Capture.in_this_call(entry, block, attribute, new_shape=True,
                                                          calls=[entry.first_call] if entry.first_call else [])
     capture.add_call(signature, call_args, call_kwargs)
-    entry.shapes_sent.add(signature)
+    entry.shapes.shapes_sent.add(signature)
     background.new_shape()
     return True
 
@@ -181,14 +183,14 @@ class BlockDispatcher:
         if background.compiling_new_shape:
             if capture is not None and capture.new_shape:  # another new shape in this call: the same child
                 capture.add_call(signature, call_args, call_kwargs)
-                entry.shapes_sent.add(signature)
-            return signature not in entry.seen_inputs
-        if entry.first_call is None or not entry.would_compile(call_args, call_kwargs):
+                entry.shapes.shapes_sent.add(signature)
+            return signature not in entry.shapes.seen_inputs
+        if entry.first_call is None or not entry.shapes.would_compile(call_args, call_kwargs):
             return False
         capture = plan.captures[entry.key] = Capture.in_this_call(entry, self.site.module, self.site.attribute,
                                                                   calls=[entry.first_call], new_shape=True)
         capture.add_call(signature, call_args, call_kwargs)
-        entry.shapes_sent.add(signature)
+        entry.shapes.shapes_sent.add(signature)
         background.new_shape()
         return True
 
@@ -197,7 +199,7 @@ class BlockDispatcher:
         kind that must be compiled cold is captured (its inputs' layouts) for the child process."""
         plan, entry = self.plan, self.entry
         capture = plan.captures.get(entry.key)
-        if capture is None and (entry.background.waiting or not entry.decide_background()):
+        if capture is None and (entry.background.waiting or not decide_background(entry)):
             return entry.background.waiting
         make_call = self._make_call(args, kwargs)
         if make_call is None:  # patched in this call: capture a later block of the kind

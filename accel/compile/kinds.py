@@ -7,7 +7,9 @@ torch's on-disk caches live in the pack's directory for that call, and what it c
 portable artifacts.
 
 What auto mode decided for the kind lives in its `choice` (kind_choice.py), where it stands with the background
-compiler in its `background` (background/state.py); this module only runs what it is told to.
+compiler in its `background` (background/state.py, decided by background/decision.py), the inputs it has met in
+its `shapes` (shapes.py); what a failure of the persistent cache costs is cache/recovery.py's. This module only
+runs what it is told to.
 """
 from __future__ import annotations
 
@@ -22,17 +24,17 @@ import torch
 
 from .. import telemetry
 from ..cache import COMPILE_CACHE
-from ..cache.store import key_id, out_of_room
-from .background import KindBackground, hold_until_idle
+from ..cache.recovery import compile_in_cache, root_cause
+from ..cache.store import key_id
+from .background import KindBackground
 from .background.cpu_checks import CPU_CHECKS
-from .background.loader import LOADER
 from .background.skeleton import CaptureError, dump_skeleton
 from .blocks import BlockKind
 from .cpu_isa import vec_isa_options
 from .kind_choice import KindChoice
 from .options import CompileOptions
 from .precompiled import NO_GRAPH, PrecompiledGraphs, context_of
-from .precompiled import unavailable as precompile_unavailable
+from .shapes import KindShapes, call_variant, input_signature
 
 log = logging.getLogger("comfyui_accel")
 
@@ -52,19 +54,6 @@ def _entry_point(forward: Callable, name: str) -> Callable:
     if hasattr(code, "co_qualname"):
         code = code.replace(co_qualname=name)
     return types.FunctionType(code, block_entry.__globals__, name, None, block_entry.__closure__)
-
-
-def _root_cause(err: BaseException) -> str:
-    """The innermost exception's type and first line: Dynamo wraps backend errors in BackendCompilerFailed."""
-    while (inner := getattr(err, "inner_exception", None) or err.__cause__) is not None:
-        err = inner
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
-
-
-def _must_propagate(err: BaseException) -> bool:
-    """Errors that are not the compile's: out of memory, and ComfyUI's interrupt (raised from a progress hook)."""
-    return isinstance(err, torch.OutOfMemoryError) or type(err).__name__ == "InterruptProcessingException"
 
 
 def wait_for_device(device_type: str) -> None:
@@ -117,55 +106,6 @@ def compile_kwargs(options: CompileOptions, device_type: str) -> dict:
     return kwargs
 
 
-def input_signature(args: tuple, kwargs: dict) -> tuple:
-    """What of a call's inputs Dynamo guards on: tensor shapes, layouts, dtypes and devices, whether each is an
-    inference tensor, scalar values, grad mode. (Layout as contiguous or not: a transposed input is another graph,
-    Wan's first block gets one. An inference tensor has other dispatch keys: the same UNet block got normal
-    hidden states in one prompt and inference ones in another of a mixed run, bench/soak.py.)"""
-    def describe(value):
-        if isinstance(value, torch.Tensor):
-            return (tuple(value.shape), value.dtype, value.device, value.is_contiguous(), value.is_inference())
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return value
-        return type(value)
-
-    return (torch.is_grad_enabled(), tuple(describe(a) for a in args),
-            tuple((k, describe(v)) for k, v in kwargs.items()))
-
-
-def tensor_shapes(args: tuple, kwargs: dict) -> tuple:
-    """The shapes of a call's tensor inputs, in order: what a kind's timing and its dynamic marks compare."""
-    return tuple(tuple(t.shape) for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
-
-
-def _call_variant(args: tuple, kwargs: dict) -> tuple:
-    """A call's inputs apart from their sizes: which are tensors (their rank and whether contiguous) or None."""
-    def describe(value):
-        if isinstance(value, torch.Tensor):
-            return (value.dim(), value.is_contiguous())
-        return None if value is None else type(value).__name__
-
-    return tuple(describe(v) for v in (*args, *kwargs.values()))
-
-
-def _varying_dims(shapes: tuple, first: tuple) -> set[tuple[int, int]]:
-    """(tensor index, dimension) pairs to make dynamic once inputs changed shape: each tensor's batch dimension
-    (batch size and cond/uncond batching change between any two prompts), every dimension that differed, and for an
-    image or video tensor (4 or more dimensions) all its spatial and frame dimensions together once one of them
-    differed (a size change from a square image to a portrait one should not compile again)."""
-    dims = {(i, 0) for i, shape in enumerate(shapes) if shape}
-    if len(shapes) != len(first):
-        return dims  # another set of inputs: the batch dimension of each is all that can be said
-    for i, (now, before) in enumerate(zip(shapes, first)):
-        if len(now) != len(before):
-            continue
-        changed = {d for d in range(len(now)) if now[d] != before[d]}
-        if len(now) >= 4 and any(d >= 2 for d in changed):
-            changed |= set(range(2, len(now)))
-        dims |= {(i, d) for d in changed}
-    return dims
-
-
 def _layouts_of(args: tuple, kwargs: dict) -> bytes | None:
     """The call's input layouts as a child replays them (background/skeleton.py); None when they cannot be sent."""
     try:
@@ -194,21 +134,12 @@ class KindEntry:
         self.disk_cache: Counter[str] = Counter()  # torch's on-disk cache hits and misses while compiling
         self.eager_calls: Counter[str] = Counter()
         self.recompile_reasons: list[str] = []
-        # dynamic="auto": the first input shapes compile static; once another shape is seen, every dimension
-        # that differed is marked dynamic (and stays so), so one more compile covers every later such change.
-        self.first_shapes: tuple | None = None
-        self.dynamic_dims: set[tuple[int, int]] = set()  # (tensor index, dimension)
-        self.seen_inputs: set[tuple] = set()  # input signatures already run compiled (see _call_compiled)
+        self.shapes = KindShapes(options.dynamic)  # the inputs met, the dimensions marked dynamic (shapes.py)
         self.compiling_now = False  # a call of new inputs compiles (or loads) in the prompt's path (status.py)
         self.graph_breaks = False  # a compile here made more than one frame: its block runs as several graphs
-        # The ways the model calls this kind apart from shapes (which inputs are tensors or None, their memory
-        # layouts): each needs graphs of its own, so a shape change costs one compile per variant.
-        self.call_variants: set[tuple] = set()
         # choose="auto" with a background compile: the first compiled call's input layouts (a child compiling a
-        # new shape replays it first, so it makes the same static-then-dynamic graphs this process would), and
-        # the input signatures a child compiled, which this process then loads from the cache at their next call.
+        # new shape replays it first, so it makes the same static-then-dynamic graphs this process would)
         self.first_call: bytes | None = None
-        self.shapes_sent: set[tuple] = set()
         self.choice = KindChoice(kind.label, key_id(key[:4]), device_type)  # choose="auto" (kind_choice.py)
         self.background = KindBackground(kind.label)  # choose="auto" with a background compile (background/)
         # the graphs a child saved whole (precompiled.py): served without Dynamo, loaded in milliseconds
@@ -233,39 +164,6 @@ class KindEntry:
             return "eager"
         return self.choice.path or "compiled"
 
-    def decide_background(self) -> bool:
-        """Whether this kind's first cold compile goes to a child: True when it must be compiled cold (never
-        compiled here, no path chosen, no artifacts of its key in the persistent cache). Otherwise it also moves
-        the kind's background state to what happens instead: not needed (compiled here, or found in the cache:
-        those load in a fraction of a compile), or waiting for inductor's CPU checks before it loads."""
-        if not self.background.undecided:
-            return False
-        if self.compiles or self.seen_inputs or self.choice.decided or self.failure:
-            self.background.not_needed("compiled in this process")
-            return False
-        env = COMPILE_CACHE.environment(self.device_type)
-        if not env.check_usable():
-            self.background.not_needed("no usable compile cache to hand graphs over")
-            return False
-        if not precompile_unavailable():
-            # Precompiled functions load in milliseconds; without them (a cache older than them: torch's caches
-            # only) a child makes them, mostly from those caches, while the blocks run eagerly.
-            if not env.has_precompiled(self.cache_id):
-                return True
-            self.precompiled.due = True
-            LOADER.load_when_idle([self])  # at the next idle moment (on the CPU once the checks ran), or next call
-            if self.device_type == "cpu" and CPU_CHECKS.wait_for_them(self.background, hold_until_idle("cpu")):
-                return False
-            self.background.not_needed("found precompiled in the persistent compile cache")
-            return False
-        if env.has_artifacts(self.cache_id):
-            # on the CPU, loading waits for inductor's per-process checks, run off the prompt's path first
-            if self.device_type == "cpu" and CPU_CHECKS.wait_for_them(self.background, hold_until_idle("cpu")):
-                return False
-            self.background.not_needed("found in the persistent compile cache")
-            return False
-        return True
-
     @property
     def can_refuse_compiles(self) -> bool:
         """Whether a call may ask Dynamo for this kind's existing graphs or nothing (`may_compile=False`): once the
@@ -280,7 +178,7 @@ class KindEntry:
     @property
     def ran_compiled(self) -> bool:
         """A call of the kind ran compiled: through Dynamo, or served by a precompiled function."""
-        return bool(self.seen_inputs) or self.precompiled.calls > 0
+        return bool(self.shapes.seen_inputs) or self.precompiled.calls > 0
 
     @property
     def loads_between_prompts(self) -> bool:
@@ -288,21 +186,6 @@ class KindEntry:
         eagerly until they load at an idle moment (background/loader.py; on the CPU once inductor's checks ran),
         since loading in a prompt costs about 0.1 s a kind, 3x a 50 ms prompt."""
         return self.precompiled.due and self.compiles == 0 and not self.precompiled.functions
-
-    def would_compile(self, args: tuple, kwargs: dict) -> bool:
-        """A compiled call with these inputs would make a new graph here: its input signature was never run
-        compiled nor sent to a child, and it is a new call variant, or (dynamic="auto") it changes a dimension
-        not yet dynamic, or (dynamic="static") any shape. A prediction from this kind's own marks: should Dynamo
-        still recompile on another guard, that call compiles here as before."""
-        if self.first_shapes is None or self.options.dynamic == "dynamic":
-            return False
-        signature = input_signature(args, kwargs)
-        if signature in self.seen_inputs or signature in self.shapes_sent:
-            return False
-        if _call_variant(args, kwargs) not in self.call_variants or self.options.dynamic == "static":
-            return True
-        shapes = tensor_shapes(args, kwargs)
-        return shapes != self.first_shapes and bool(_varying_dims(shapes, self.first_shapes) - self.dynamic_dims)
 
     # -- calls -----------------------------------------------------------------------------------
     def run_eager(self, block, args: tuple, kwargs: dict, reason: str):
@@ -338,7 +221,7 @@ class KindEntry:
         except (torch.OutOfMemoryError, KeyboardInterrupt):
             raise
         except Exception as err:  # a failed compile or first run costs this kind its compiled path, not the prompt
-            self._fall_back(_root_cause(err))
+            self._fall_back(root_cause(err))
             return self.run_eager(block, args, kwargs, self.reason)
         new_frames = _dynamo_frames() - frames
         if new_frames:
@@ -386,11 +269,7 @@ class KindEntry:
         if out is NO_GRAPH:
             return out
         self.first_call = self.first_call or layouts
-        # As a Dynamo call would note them: a later shape the saved graphs do not serve, compiled here
-        # (choose="always compiled"), then gets the dynamic graph it would have had after this call.
-        if self.first_shapes is None and self.options.dynamic == "auto":
-            self.first_shapes = tensor_shapes(call_args, call_kwargs)
-        self.call_variants.add(_call_variant(call_args, call_kwargs))
+        self.shapes.note_served(call_args, call_kwargs)
         self.cache_hits += 1
         self.last_call_warm = warm  # a call that loaded is no fair timing
         return out
@@ -407,9 +286,9 @@ class KindEntry:
         there, the graph is correct and merely not persisted. A call that compiles tells the web UI that the prompt
         waits, and when it stops waiting."""
         call_args, call_kwargs = make_call()
-        self._mark_shapes(call_args, call_kwargs)
+        self.shapes.mark(call_args, call_kwargs)
         signature = input_signature(call_args, call_kwargs)
-        if signature in self.seen_inputs:
+        if signature in self.shapes.seen_inputs:
             return compiled(block, *call_args, **call_kwargs), True
         if not may_compile:
             try:
@@ -419,11 +298,11 @@ class KindEntry:
                 if not str(err).startswith(_REFUSED):
                     raise
                 return WOULD_COMPILE, False
-            self.seen_inputs.add(signature)  # a graph of the kind serves them: a warm call
+            self.shapes.seen_inputs.add(signature)  # a graph of the kind serves them: a warm call
             return out, True
         if self.first_call is None:
             self.first_call = _layouts_of(call_args, call_kwargs)
-        self.call_variants.add(_call_variant(call_args, call_kwargs))
+        self.shapes.call_variants.add(call_variant(call_args, call_kwargs))
         disk = disk_cache_counters()
         self.compiling_now = True
         telemetry.record("compile_model", "compiling_now", kind=self.kind.label)  # the web UI says the prompt waits
@@ -435,53 +314,20 @@ class KindEntry:
             telemetry.record("compile_model", "compiled_now", kind=self.kind.label,
                              seconds=round(time.perf_counter() - start, 2))
         self.disk_cache.update(disk_cache_counters() - disk)
-        self.seen_inputs.add(signature)
+        self.shapes.seen_inputs.add(signature)
         return out, False
 
     def _compile_and_call(self, compiled: Callable, block, make_call: Callable[[], tuple[tuple, dict]],
                           call_args: tuple, call_kwargs: dict):
-        """A call that may compile, inside the persistent cache's scope. What goes wrong in the cache costs the
-        persistence at most, not the compiled path; the call compiles again outside the cache (torch's temporary
-        cache directory):
-        - a disk that fills up: the cache stops being used by this process (one warning);
-        - any other failure: if the compile works outside, torch's files in the cache were damaged and are set
-          aside (store.py); if it fails there too, the error is the compile's own and propagates."""
-        cache = COMPILE_CACHE.environment(self.device_type)
-        try:
-            with cache.compiling(self.cache_id, self.name):
-                return compiled(block, *call_args, **call_kwargs)
-        except Exception as err:
-            if not cache.usable or _must_propagate(err):
-                raise
-            full, why = out_of_room(err), _root_cause(err)
-            if full:
-                cache.stop_persisting(why)
-        call_args, call_kwargs = make_call()
-        self._mark_shapes(call_args, call_kwargs)
-        out = compiled(block, *call_args, **call_kwargs)  # outside the scope: torch's own cache directory
-        if not full:
-            cache.set_aside_torch_files(self.kind.label, why)
-        return out
+        """A call that may compile, inside the persistent cache's scope; what goes wrong in the cache costs the
+        persistence at most (cache/recovery.py)."""
+        def call_again():
+            again_args, again_kwargs = make_call()
+            self.shapes.mark(again_args, again_kwargs)
+            return compiled(block, *again_args, **again_kwargs)
 
-    def _mark_shapes(self, args: tuple, kwargs: dict) -> None:
-        """dynamic="auto": every dimension that ever differed from the first call's is marked dynamic. Which
-        dimensions vary depends on the model: batch and spatial size for a UNet block, the token count for a
-        DiT block (a longer prompt, a larger image or more frames), so they are found, not assumed."""
-        if self.options.dynamic != "auto":
-            return
-        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
-        shapes = tuple(tuple(t.shape) for t in tensors)
-        if self.first_shapes is None:
-            self.first_shapes = shapes
-            return
-        if shapes != self.first_shapes:
-            self.dynamic_dims.update(_varying_dims(shapes, self.first_shapes))
-        if self.dynamic_dims:
-            from torch._dynamo import maybe_mark_dynamic  # a hint: a dim Dynamo must specialise stays static
-
-            for index, dim in self.dynamic_dims:
-                if index < len(tensors) and dim < tensors[index].dim():
-                    maybe_mark_dynamic(tensors[index], dim)
+        return compile_in_cache(COMPILE_CACHE.environment(self.device_type), self.cache_id, self.name,
+                                self.kind.label, lambda: compiled(block, *call_args, **call_kwargs), call_again)
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def _note_compile(self, frames: int, seconds: float, args: tuple, kwargs: dict) -> None:
@@ -517,7 +363,7 @@ class KindEntry:
             "cache_hits": self.cache_hits, "disk_cache": dict(self.disk_cache),
             "eager_calls": dict(self.eager_calls), "timings": dict(choice.timings),
             "call_share": round(choice.share, 4) if choice.share is not None else None,
-            "dynamic_dims": sorted(self.dynamic_dims), "call_variants": len(self.call_variants),
+            "dynamic_dims": sorted(self.shapes.dynamic_dims), "call_variants": len(self.shapes.call_variants),
             "dropped_samples": dict(choice.dropped.by_work), "rechecks": choice.rechecks,
             "background": self.background.stats(), "precompiled": self.precompiled.stats(),
         }

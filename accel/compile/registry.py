@@ -53,9 +53,7 @@ class GraphRegistry:
         """Back to "no shape seen yet" for every kind, as in a fresh process (used by precompile only)."""
         with self._lock:
             for entry in self._entries.values():
-                entry.first_shapes = None
-                entry.dynamic_dims.clear()
-                entry.seen_inputs.clear()
+                entry.shapes.forget()
 
     def note_model(self, record) -> None:
         with self._lock:

@@ -20,7 +20,9 @@ from .background import BACKGROUND, Capture, hold_until_idle
 from .blocks import BlockKind
 from .dispatch import (IN_BACKGROUND, LOADS_BETWEEN_PROMPTS, NEW_SHAPE_IN_BACKGROUND, new_shape_goes_to_child,
                        run_on_chosen_path)
-from .kinds import WOULD_COMPILE, KindEntry, input_signature
+from .background.decision import decide_background
+from .kinds import WOULD_COMPILE, KindEntry
+from .shapes import input_signature
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
 from .registry import REGISTRY
@@ -93,7 +95,7 @@ class CompiledMethod:
         the kind is cold). On a CPU with few cores the child starts once this process is idle (the decode and
         the rest of the prompt done: background/idle_gate.py), as the sampler's do."""
         BACKGROUND.poll()  # a finished child hands the kind back here
-        if entry.background.waiting or not entry.decide_background():
+        if entry.background.waiting or not decide_background(entry):
             return entry.background.waiting
         capture = Capture.in_this_call(entry, self.module, self.method)
         entry.background.capture()

@@ -2,17 +2,22 @@
 
 - state.py: where each kind stands (a closed set of states, moved only through its `KindBackground`);
 - skeleton.py: what is sent, a block's structure and tensor layouts, never the user's weights;
-- parent.py: captures and jobs in ComfyUI's process, one job at a time, sent to a child that waits for the next
-  until it has been idle a while (`BACKGROUND`);
-- idle_gate.py: on a CPU with few cores, held work starts at this process's next idle moment (`IDLE_GATE`);
+- decision.py: whether a kind's first cold compile goes to a child, or it loads from the cache instead;
+- capture.py: what a child compiles, taken during an eager call (a block's skeleton, its calls' input layouts);
+- parent.py: the jobs in ComfyUI's process, one at a time, and their results handed back to the kinds (`BACKGROUND`);
+- worker.py: the child process that waits for the next job until it has been idle a while, and one job sent to it;
+- job_folders.py: the jobs' and children's folders, and the sweep of those whose process is gone;
+- idle_gate.py: on a CPU with few cores (hold_until_idle), held work starts at this process's next idle
+  moment (`IDLE_GATE`);
 - cpu_checks.py: inductor's per-process CPU checks in a thread, before kinds found in the cache load;
 - loader.py: kinds' precompiled functions loaded at an idle moment, not in a prompt;
 - activity.py: the pack's own work running now (a child, the CPU checks), so no timing is taken beside it;
 - child.py: `python -m accel compile-worker DIR`, imported only there (it needs the registry, which needs this).
 """
 from .activity import ACTIVITY, DroppedSamples
-from .idle_gate import IDLE_GATE
-from .parent import BACKGROUND, BackgroundCompiler, Capture, hold_until_idle
+from .capture import Capture
+from .idle_gate import IDLE_GATE, hold_until_idle
+from .parent import BACKGROUND, BackgroundCompiler
 from .skeleton import CaptureError, dump_skeleton, load_skeleton
 from .state import SETTLED_STATES, WAITING_STATES, BackgroundState, KindBackground
 

@@ -42,7 +42,7 @@ def serve(worker_dir: Path) -> int:
     import_comfyui_core(Path(setup["comfyui"]), setup["flags"].get("cpu", False), **flags)
     torch.set_num_threads(setup["threads"])
     from ...cache.store import write_atomic
-    from .parent import DONE_FILE
+    from .worker import DONE_FILE
 
     failures = 0
     for line in sys.stdin:
@@ -83,14 +83,14 @@ def run_job(directory: Path, parent: int) -> int:
         entry = registry.entry(BlockKind(*item["kind"]), getattr(type(block), item["attribute"]),
                                CompileOptions(**item["options"]), torch.device(item["device"]))
         # a new shape of a kind the parent runs: the dimensions it already made dynamic stay so here
-        entry.dynamic_dims.update(tuple(d) for d in item.get("dynamic_dims", ()))
+        entry.shapes.dynamic_dims.update(tuple(d) for d in item.get("dynamic_dims", ()))
         start = time.perf_counter()
         marks = []  # per call, the dimensions its compiled call marked dynamic
         with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]):
             for call in item["calls"]:
                 args, kwargs = load_skeleton(call)
                 entry.run_compiled(block, lambda: (args, kwargs), args, kwargs)  # noqa: B023
-                marks.append(set(entry.dynamic_dims))
+                marks.append(set(entry.shapes.dynamic_dims))
             compiled_seconds = time.perf_counter() - start
             precompiled = None if entry.failure else save_precompiled(entry, block, item["calls"], marks,
                                                                        {"grad": item["grad"],
@@ -114,7 +114,8 @@ def save_precompiled(entry, block, calls: list[bytes], marks: list[set], modes: 
     way in ComfyUI's process."""
     from ...cache import COMPILE_CACHE
     from .. import precompiled
-    from ..kinds import _entry_point, compile_kwargs, input_signature
+    from ..kinds import _entry_point, compile_kwargs
+    from ..shapes import input_signature
 
     why = precompiled.unavailable()
     if why:

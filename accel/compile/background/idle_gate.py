@@ -17,6 +17,7 @@ run here; the sampler's OUTER_SAMPLE wrapper marks each run (patcher.py).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Callable
@@ -25,6 +26,8 @@ from ...env_settings import env_float
 
 log = logging.getLogger("comfyui_accel")
 
+AT_ONCE_ENV = "ACCEL_BACKGROUND_AT_ONCE"  # 1: never hold a job for an idle moment
+FEW_CORES = 4  # CPU machines with at most this many cores hold jobs for an idle moment
 MAX_WAIT_ENV = "ACCEL_BACKGROUND_IDLE_WAIT"
 DEFAULT_MAX_WAIT = 20.0
 WINDOW_SECONDS = 0.3
@@ -117,5 +120,12 @@ class IdleGate:
 def _max_wait() -> float:
     return env_float(MAX_WAIT_ENV, DEFAULT_MAX_WAIT)
 
+
+def hold_until_idle(device_type: str) -> bool:
+    """Whether background work waits for an idle moment of this process (idle_gate.py): on a CPU machine with
+    few cores."""
+    if os.environ.get(AT_ONCE_ENV, "") not in ("", "0"):
+        return False
+    return device_type == "cpu" and (os.cpu_count() or 1) <= FEW_CORES
 
 IDLE_GATE = IdleGate()

@@ -34,113 +34,26 @@ kind back to compiling here at its next call, and the log says why. Each kind's 
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import logging
-import os
 import pickle
-import platform
 import shutil
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from ... import telemetry
 from ...cache.trust import make_private_dirs
-from ...env_settings import env_float
 from ..precompiled import warm_loader
 from .activity import ACTIVITY
+from .capture import Capture
 from .cpu_checks import CPU_CHECKS
 from .idle_gate import IDLE_GATE
+from .job_folders import folder_name, sweep_stale_jobs
 from .loader import LOADER
-from .skeleton import CaptureError, dump_skeleton
+from .worker import DONE_FILE, Job, Worker, child_setup, idle_seconds, read_json, start_worker
 
 log = logging.getLogger("comfyui_accel")
-PACK_DIR = Path(__file__).resolve().parents[3]
-
-
-@dataclass
-class Capture:
-    """One block of a kind and the input layouts of its compiled calls, taken during an eager call: one per
-    distinct input signature, in call order (a kind can run at two resolutions in one UNet call; the child
-    compiles them in the same order, so it makes the same static-then-dynamic graphs this process would).
-
-    Only layouts are kept (shapes, strides, dtypes), taken when the call is seen: the real call's tensors are
-    neither held nor read after the block ran, so a block that changes its inputs in place changes nothing
-    here, and nothing here changes the call."""
-    entry: Any  # kinds.KindEntry
-    block: torch.nn.Module
-    attribute: str
-    grad: bool
-    inference: bool
-    calls: list[bytes] = field(default_factory=list)
-    signatures: set = field(default_factory=set)
-    device: str = ""
-    error: str | None = None
-    new_shape: bool = False  # a compiled kind's new input shape (its first call's layouts come first)
-
-    @classmethod
-    def in_this_call(cls, entry, block: torch.nn.Module, attribute: str, **fields) -> "Capture":
-        """A capture of `block`, made during its call: the child compiles under this call's grad and inference
-        modes (a graph made for one mode is not the other's)."""
-        return cls(entry, block, attribute, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), **fields)
-
-    def add_call(self, signature: tuple, args: tuple, kwargs: dict) -> None:
-        if signature in self.signatures or self.error:
-            return
-        self.signatures.add(signature)
-        if not self.device:
-            self.device = str(_device_of(self.block, args, kwargs))
-        try:
-            self.calls.append(dump_skeleton((args, kwargs)))
-        except CaptureError as err:
-            self.error = str(err)
-
-
-AT_ONCE_ENV = "ACCEL_BACKGROUND_AT_ONCE"  # 1: never hold a job for an idle moment
-FEW_CORES = 4  # CPU machines with at most this many cores hold jobs for an idle moment
-IDLE_ENV = "ACCEL_BACKGROUND_IDLE_SECONDS"
-DEFAULT_IDLE_SECONDS = {"cpu": 600.0}  # any other device: 0
-DONE_FILE = "done.json"  # the child writes it last for each job: {"returncode": 0 or 1, "error": ...}
-
-
-@dataclass
-class Worker:
-    """A child process waiting for jobs: the environment and set-up it was started with (a job for another
-    environment, e.g. other ComfyUI flags, gets a child of its own)."""
-    process: subprocess.Popen
-    key: str
-    directory: Path  # its set-up and log
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def send(self, job_directory: Path) -> None:
-        self.process.stdin.write(f"{job_directory}\n".encode())
-        self.process.stdin.flush()
-
-    def retire(self) -> None:
-        """No more jobs: the child ends when it reads the end of its stdin (after the job it has, if any)."""
-        with contextlib.suppress(OSError):
-            self.process.stdin.close()
-
-
-@dataclass
-class Job:
-    entries: list
-    worker: Worker
-    directory: Path
-    started: float
-
-    def ended(self) -> bool:
-        return (self.directory / DONE_FILE).exists() or not self.worker.alive()
 
 
 class BackgroundCompiler:
@@ -179,18 +92,11 @@ class BackgroundCompiler:
         here at its next call instead, as logged)."""
         items, entries = [], []
         for capture in captures:
-            entry = capture.entry
             try:
-                if capture.error:
-                    raise CaptureError(capture.error)
-                items.append({"kind": [entry.kind.class_name, entry.kind.signature, entry.kind.label],
-                              "attribute": capture.attribute, "options": _options_dict(entry.options),
-                              "device": capture.device, "grad": capture.grad, "inference": capture.inference,
-                              "dynamic_dims": sorted(entry.dynamic_dims),
-                              "block": dump_skeleton(capture.block), "calls": capture.calls})
-                entries.append(entry)
+                items.append(capture.job_item())
+                entries.append(capture.entry)
             except Exception as err:  # CaptureError, or a block with no tensor to say its device
-                entry.background.failed(f"it cannot be sent to a child process ({err})")
+                capture.entry.background.failed(f"it cannot be sent to a child process ({err})")
         if not items:
             return False
         for entry in entries:
@@ -245,21 +151,13 @@ class BackgroundCompiler:
 
     def _worker_for(self, env_dir: Path) -> Worker:
         """The waiting child if it was started for this environment and set-up, else a new one (the lock held)."""
-        setup = _child_setup(env_dir)
+        setup = child_setup(env_dir)
         key = json.dumps(setup, sort_keys=True)
         if self._worker is not None and self._worker.key == key and self._worker.alive():
             return self._worker
         if self._worker is not None:
             self._worker.retire()
-        directory = env_dir / "jobs" / folder_name("worker")
-        make_private_dirs(directory)
-        (directory / "setup.json").write_text(json.dumps(setup))
-        env = {**os.environ, "ACCEL_CACHE_DIR": str(env_dir.parent), "PYTHONUNBUFFERED": "1"}
-        with open(directory / "log.txt", "wb") as log_file:  # the child keeps its own descriptor
-            process = subprocess.Popen([sys.executable, "-m", "accel", "compile-worker", str(directory)],
-                                       cwd=PACK_DIR, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.PIPE)
-        self._worker = Worker(process, key, directory)
+        self._worker = start_worker(env_dir, setup, key)
         return self._worker
 
     def retire_idle_worker(self) -> bool:
@@ -276,7 +174,7 @@ class BackgroundCompiler:
         now."""
         if self._worker is None:
             return
-        idle = _idle_seconds(device_type)
+        idle = idle_seconds(device_type)
         if idle <= 0:
             self._retire_worker()
             return
@@ -346,8 +244,8 @@ class BackgroundCompiler:
 
     def _finish(self, job: Job) -> None:
         wall = time.perf_counter() - job.started
-        results = _read_json(job.directory / "results.json") or {}
-        done = _read_json(job.directory / DONE_FILE)
+        results = read_json(job.directory / "results.json") or {}
+        done = read_json(job.directory / DONE_FILE)
         if done is None:  # the child ended in the job (it crashed, or was killed)
             job.worker.process.wait()
             returncode, error = job.worker.process.returncode, None
@@ -398,94 +296,6 @@ class BackgroundCompiler:
         return {"busy": self.busy, "running": running, "queued": queued, "held_until_idle": held,
                 "finished": list(self.history), "cpu_checks": CPU_CHECKS.stats(), "loading": LOADER.pending,
                 "idle_gate": IDLE_GATE.stats()}
-
-
-def _device_of(block: torch.nn.Module, args: tuple, kwargs: dict) -> torch.device:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value.device
-    return next(block.parameters()).device
-
-
-def _options_dict(options) -> dict:
-    return {**dataclasses.asdict(options), "choose": "always compiled", "background": False}
-
-
-def _child_setup(env_dir: Path) -> dict:
-    """What makes the child's compiled code the same as this process's: ComfyUI and its flags, torch threads."""
-    import comfy.model_management  # `comfy` itself is a namespace package: no __file__
-    from comfy.cli_args import args
-
-    flags = {}
-    for name, value in vars(args).items():
-        with contextlib.suppress(TypeError, ValueError):
-            json.dumps(value)
-            flags[name] = value
-    return {"comfyui": str(Path(comfy.model_management.__file__).resolve().parent.parent), "flags": flags,
-            "threads": torch.get_num_threads(), "parent": os.getpid(), "env_dir": str(env_dir)}
-
-
-def hold_until_idle(device_type: str) -> bool:
-    """Whether background work waits for an idle moment of this process (idle_gate.py): on a CPU machine with
-    few cores."""
-    if os.environ.get(AT_ONCE_ENV, "") not in ("", "0"):
-        return False
-    return device_type == "cpu" and (os.cpu_count() or 1) <= FEW_CORES
-
-
-def _idle_seconds(device_type: str) -> float:
-    return env_float(IDLE_ENV, DEFAULT_IDLE_SECONDS.get(device_type, 0.0))
-
-
-def folder_name(kind: str) -> str:
-    """A job's or a child's folder: `<kind>-<host>-<pid>-<ns>`, so that the process that made it can be told
-    alive or gone (sweep_stale_jobs), on this host only: processes of other machines or containers sharing the
-    cache have their own pids."""
-    return f"{kind}-{_HOST}-{os.getpid()}-{time.time_ns()}"
-
-
-_HOST = "".join(c if c.isalnum() or c in "._" else "_" for c in platform.node()) or "host"
-
-
-def sweep_stale_jobs(jobs_dir: Path) -> list[str]:
-    """Delete the job and child folders that processes of this host which are gone left behind (a ComfyUI killed,
-    say, while its child compiled). A live process's folders are kept, a failed job's log included, and so are
-    other hosts' and any folder not named by folder_name. Returns the names deleted. POSIX only (on Windows
-    os.kill(pid, 0) would end the process, not probe it)."""
-    deleted = []
-    if os.name != "posix":
-        return deleted
-    with contextlib.suppress(OSError):
-        for path in jobs_dir.iterdir():
-            parts = path.name.split("-")
-            if len(parts) != 4 or parts[0] not in ("job", "worker") or parts[1] != _HOST or not parts[2].isdigit():
-                continue
-            pid = int(parts[2])
-            if pid == os.getpid() or _process_alive(pid):
-                continue
-            shutil.rmtree(path, ignore_errors=True)
-            deleted.append(path.name)
-    if deleted:
-        log.info("[Accel] Compile Model: removed %d background-compile folders of ComfyUI processes that ended "
-                 "before their jobs did (%s)", len(deleted), jobs_dir)
-    return deleted
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 BACKGROUND = BackgroundCompiler()
