@@ -137,11 +137,11 @@ def test_adaptive_mode_on_the_unet(pack, unet):
 def test_percent_window_uses_the_models_sigmas(pack, unet):
     import comfy.samplers
 
-    runtime = pack.accel.deepcache.runtime
+    run_state = pack.accel.deepcache.run_state
     model_sampling = unet.get_model_object("model_sampling")
     sigmas = comfy.samplers.calculate_sigmas(model_sampling, "normal", 10)
-    config = runtime.DeepCacheConfig(interval=2, start_percent=0.2, end_percent=0.8)
-    plan = runtime.start_run(config, 0, sigmas, model_sampling).plan
+    config = run_state.DeepCacheConfig(interval=2, start_percent=0.2, end_percent=0.8)
+    plan = run_state.start_run(config, 0, sigmas, model_sampling).plan
     start, end = model_sampling.percent_to_sigma(0.2), model_sampling.percent_to_sigma(0.8)
     inside = [i for i, s in enumerate(sigmas[:-1].tolist()) if end < s <= start]
     assert 0 < inside[0] and inside[-1] < 9
@@ -187,7 +187,7 @@ def test_shallow_path_equals_full_path_on_the_same_input(pack, unet, depth):
     output: every skipped block, patch, control residual and transformer_index is accounted for. The model
     carries an input-block patch, an output-block patch that writes into h in place (as FreeU does) and
     ControlNet-style residuals for every block."""
-    runtime = pack.accel.deepcache.runtime
+    run_state = pack.accel.deepcache.run_state
     seen = {}
 
     def input_patch(h, transformer_options):
@@ -223,7 +223,7 @@ def test_shallow_path_equals_full_path_on_the_same_input(pack, unet, depth):
     def control():
         return {"input": control_in[::-1], "middle": [None], "output": control_in[:]}  # output block j gets skip n-1-j
 
-    run = runtime.start_run(runtime.DeepCacheConfig(interval=2, depth=depth), depth,
+    run = run_state.start_run(run_state.DeepCacheConfig(interval=2, depth=depth), depth,
                             torch.tensor([10.0, 5.0, 0.0]), model.get_model_object("model_sampling"))
     full = unet_call(model, run, 10.0, x, t, context, control())   # step 0: full, caches the deep feature
     shallow = unet_call(model, run, 5.0, x, t, context, control())  # step 1: shallow, on the same input
@@ -244,7 +244,7 @@ def unet_call(model, run, sigma, x, t, context, control=None, chunks=((1, UNCOND
     to["wrappers"] = {k: {kk: list(vv) for kk, vv in w.items()} for k, w in model.wrappers.items()}
     to.update(sigmas=torch.tensor([sigma]), cond_or_uncond=[c for c, _ in chunks], uuids=[u for _, u in chunks])
     if run is not None:
-        to[sys.modules[type(run).__module__].RUN_KEY] = run  # the runtime module of the loaded pack
+        to[sys.modules[type(run).__module__].RUN_KEY] = run  # the run_state module of the loaded pack
     with torch.no_grad():
         return model.model.diffusion_model(x, t, context=context, control=control, transformer_options=to)
 
@@ -252,9 +252,9 @@ def unet_call(model, run, sigma, x, t, context, control=None, chunks=((1, UNCOND
 def test_cached_features_are_matched_per_chunk_shape_and_step(pack, unet):
     """Within a run, a call reads only the features of its own cond chunks (by uuid, in its own order), of its
     shape, and from its step's source full step or later; anything else is a full step."""
-    runtime = pack.accel.deepcache.runtime
+    run_state = pack.accel.deepcache.run_state
     model = deepcache(pack, unet, interval=3, depth=1)
-    run = runtime.start_run(runtime.DeepCacheConfig(interval=3, depth=1), 1, torch.tensor([10.0, 5.0, 2.0, 0.0]),
+    run = run_state.start_run(run_state.DeepCacheConfig(interval=3, depth=1), 1, torch.tensor([10.0, 5.0, 2.0, 0.0]),
                             model.get_model_object("model_sampling"))  # steps: 0 full, 1 and 2 shallow
     gen = torch.Generator().manual_seed(7)
     x, context = torch.randn(2, 4, 16, 16, generator=gen), torch.randn(2, 77, 768, generator=gen)

@@ -6,10 +6,14 @@
 - `dit_paths`: on a transformer, the middle blocks' residual captured on full steps and added instead of them on
   reused ones, through ComfyUI's per-block replace patches.
 - `adaptive`: adaptive mode's signal and rule, decided per step and cond chunk.
-- `runtime`: the OUTER_SAMPLE and DIFFUSION_MODEL wrappers, the per-run state and `apply()`.
+- `config`: what the node asked for, validated.
+- `run_state`: one sampling run's state, and the one decision per model call both paths act on.
+- `runtime`: the wrappers (OUTER_SAMPLE, and the UNet's and the transformer's per-call ones) and `apply()`.
 """
 from .adaptive import DEFAULT_THRESHOLD
-from .runtime import FEATURE, DeepCacheConfig, apply
+from .config import DeepCacheConfig
+from .run_state import FEATURE
+from .runtime import apply
 from .schedule import SCHEDULES
 
 __all__ = ["DEFAULT_THRESHOLD", "FEATURE", "DeepCacheConfig", "SCHEDULES", "apply"]

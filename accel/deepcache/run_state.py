@@ -1,0 +1,207 @@
+"""Everything DeepCache knows during one sampling run (`RunState`): the run's plan, the cached features of its cond
+chunks, what each model call decided (`ModelCall`, once per call, used by both model paths) and the compute it
+skipped. Created by the OUTER_SAMPLE wrapper (runtime.py) for each run, dropped when the run ends.
+
+Cached features are keyed per cond chunk (`uuids`, one per cond/uncond entry, new for every run), per full step,
+and by shape, dtype and device; a call that finds no matching feature does a full step. So cond and uncond,
+batched or split, a changed batch size or resolution, another sampler, or a model unloaded between runs cannot
+read another call's features.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import telemetry
+from . import unet_paths
+from .adaptive import AdaptiveCall
+from .config import DeepCacheConfig
+from .schedule import StepPlan, make_plan
+
+log = logging.getLogger("comfyui_accel")
+
+FEATURE = "deepcache"
+RUN_KEY = "accel_deepcache_run"  # the run's RunState, in the run's own copy of transformer_options
+
+
+@dataclass
+class _Entry:
+    step: int
+    signature: tuple
+    h: object  # the deep feature of one cond chunk
+    reference: object = None  # adaptive: the signal of this chunk at `step` (adaptive.py)
+    reused: set = field(default_factory=set)  # adaptive: the steps that reused this entry
+
+
+@dataclass
+class ModelCall:
+    """One model call's place in the run and what it may reuse, decided once before the call runs (by
+    `RunState.call`); both model paths (runtime.py: the UNet's and the transformer's) only act on it."""
+    step: int | None
+    keys: list | None  # one per cond chunk (chunk_keys); None: the call cannot be split, never served from cache
+    signature: tuple  # what a cached feature must match: per-chunk batch, shape, dtype, device
+    planned_shallow: bool  # the plan lets this step reuse, and the call may
+    entries: list | None = None  # planned shallow and every chunk has a valid entry: what it may reuse
+    adaptive: AdaptiveCall | None = None  # adaptive mode with entries: reuse decided later from the signal
+    keeps_features: bool = False  # a later step of the plan reads what this call computes in full
+
+
+@dataclass
+class RunState:
+    """Everything DeepCache knows during one sampling run; created by the OUTER_SAMPLE wrapper, then dropped."""
+
+    config: DeepCacheConfig
+    depth: int
+    plan: StepPlan
+    features: dict = field(default_factory=dict)  # chunk key (cond uuid) -> _Entry
+    step: int | None = None
+    full_calls: int = 0
+    shallow_calls: int = 0
+    fallback_calls: int = 0  # planned shallow, but no matching feature: ran full
+    partial_calls: int = 0  # adaptive, transformer: calls in which some cond chunks reused and others ran
+    reused_steps: set = field(default_factory=set)
+    flops: float = 0.0  # estimated FLOPs of all UNet calls of the run, had they all been full
+    skipped_flops: float = 0.0  # the part of it that shallow calls skipped
+    estimates: dict = field(default_factory=dict)  # (H, W, context tokens) -> (full, shallow) FLOPs per sample
+    dit_skipped_share: float | None = None  # a DiT's: the share of a full call that its spans hold (fixed)
+
+    def entries(self, keys, step: int, signature: tuple) -> list[_Entry] | None:
+        """The cached entry of every chunk of this call, or None. An entry is valid if it was computed at this
+        step's source full step or later (a fallback full step refreshes it), and for the same shape; in adaptive
+        mode, at any earlier full step of this run (the signal decides whether it is still close enough)."""
+        source = 0 if self.plan.adaptive else self.plan.source(step)
+        found = []
+        for key in keys:
+            entry = self.features.get(key)
+            if entry is None or source is None or not source <= entry.step <= step or entry.signature != signature:
+                return None
+            found.append(entry)
+        return found
+
+    def adaptive_call(self, entries: list[_Entry], step: int) -> AdaptiveCall:
+        """Adaptive mode's decision for a call whose chunks all have entries (made later, from the signal)."""
+        return AdaptiveCall(policy=self.config.policy(), references=[e.reference for e in entries],
+                            reused_in_row=[len(e.reused - {step}) for e in entries])
+
+    def mark_reused(self, keys, step: int, which=None) -> None:
+        for i, key in enumerate(keys):
+            if which is None or which[i]:
+                self.features[key].reused.add(step)
+
+    def call(self, transformer_options: dict, x: torch.Tensor, may_reuse: bool = True) -> ModelCall:
+        """The decision for this model call (`may_reuse` False: it runs in full whatever the plan, e.g. with a
+        ControlNet's residuals on a transformer)."""
+        step, keys, signature = self.locate(transformer_options, x)
+        call = ModelCall(step, keys, signature, bool(keys) and self.plan.is_shallow(step) and may_reuse)
+        if call.planned_shallow:
+            call.entries = self.entries(keys, step, signature)
+            if call.entries is not None and self.plan.adaptive:
+                call.adaptive = self.adaptive_call(call.entries, step)
+        call.keeps_features = bool(keys) and step is not None and self.plan.cache_needed_after(step)
+        return call
+
+    def note_reused(self, call: ModelCall) -> None:
+        """A call that reused every chunk's feature: a shallow call of a reused step."""
+        if call.adaptive is not None:
+            self.mark_reused(call.keys, call.step)
+        self.shallow_calls += 1
+        self.reused_steps.add(call.step)
+
+    def locate(self, transformer_options: dict, x: torch.Tensor) -> tuple:
+        """This model call's step (from its sigma, in the run's plan), its cond-chunk keys (chunk_keys) and the
+        signature its cached features must match (per-chunk batch, shape, dtype, device)."""
+        sigmas = transformer_options.get("sigmas")
+        self.step = self.plan.step_of(float(sigmas.reshape(-1)[0]), self.step) if sigmas is not None else None
+        keys = chunk_keys(transformer_options, x.shape[0])
+        signature = (x.shape[0] // len(keys) if keys else 0, tuple(x.shape[1:]), x.dtype, x.device)
+        return self.step, keys, signature
+
+    def forget(self, keys) -> None:
+        for key in keys or ():
+            self.features.pop(key, None)
+
+    def store(self, keys, step: int, signature: tuple, h, signal=None) -> None:
+        references = signal.chunk(len(keys)) if signal is not None else [None] * len(keys)
+        for i, chunk in enumerate(h.chunk(len(keys))):
+            self.features[keys[i]] = _Entry(step, signature, chunk, references[i])
+
+    def store_parts(self, keys, step: int, signature: tuple, parts: list, signal=None, skip=None) -> None:
+        """One entry per chunk from a call's parts; `skip` flags chunks that keep their entry (they reused)."""
+        references = signal.chunk(len(keys)) if signal is not None else [None] * len(keys)
+        for i, (key, part) in enumerate(zip(keys, parts)):
+            if not (skip and skip[i]):
+                self.features[key] = _Entry(step, signature, part, references[i])
+
+    def account_dit(self, batch: int, shallow: bool) -> None:
+        """A DiT call's compute, in units of one sample's full call (the spans' share is fixed by the model)."""
+        self.flops += batch
+        if shallow and self.dit_skipped_share is not None:
+            self.skipped_flops += batch * self.dit_skipped_share
+
+    def account(self, unet, x, context, shallow: bool) -> None:
+        """Add this call's estimated compute (once per shape: a walk over the UNet's modules, no tensor work)."""
+        tokens = context.shape[1] if context is not None and context.dim() > 2 else 1
+        key = (tuple(x.shape[2:]), tokens)
+        if key not in self.estimates:
+            h, w = (x.shape[-2], x.shape[-1]) if x.dim() >= 4 else (1, 1)
+            self.estimates[key] = unet_paths.compute_estimate(unet, self.depth, h, w, tokens)
+        if self.estimates[key] is None:
+            return
+        full, shallow_path = self.estimates[key]
+        self.flops += x.shape[0] * full
+        if shallow:
+            self.skipped_flops += x.shape[0] * (full - shallow_path)
+
+    def report(self, status: str) -> dict:
+        known = [e for e in self.estimates.values() if e is not None]
+        shallow_share = round(known[0][1] / known[0][0], 4) if known else None
+        estimate = "FLOPs of convolutions, linear layers and attention matmuls"
+        if self.dit_skipped_share is not None:
+            shallow_share = round(1 - self.dit_skipped_share, 4)
+            estimate = "parameters used per token (linear layers; attention's own matmuls left out)"
+        return {
+            "status": status, "steps": self.plan.steps, "planned_shallow_steps": self.plan.shallow_steps,
+            "reused_steps": len(self.reused_steps), "full_calls": self.full_calls,
+            "shallow_calls": self.shallow_calls, "fallback_calls": self.fallback_calls,
+            "partial_calls": self.partial_calls,
+            "shallow_share": shallow_share,
+            "compute_skipped": round(self.skipped_flops / self.flops, 4) if self.flops else None,
+            "estimate": estimate,
+            "interval": self.config.interval, "depth": self.depth, "schedule": self.config.schedule,
+            "threshold": self.config.threshold if self.plan.adaptive else None,
+            "node": self.config.owner,
+        }
+
+
+def chunk_keys(transformer_options: dict, batch: int):
+    """One key per cond chunk of this call: ComfyUI's per-cond `uuids` (new for every run), or failing that
+    the cond/uncond index. None when the call cannot be split into chunks (then it is never served from cache)."""
+    for name in ("uuids", "cond_or_uncond"):
+        keys = transformer_options.get(name)
+        if keys and batch % len(keys) == 0 and len(set(keys)) == len(keys):
+            return [(name, k) for k in keys]
+    return None
+
+
+def start_run(config: DeepCacheConfig, depth: int, sigmas, model_sampling, dit_share=None) -> RunState:
+    """A fresh RunState for a run over `sigmas` (the run's schedule, as ComfyUI passes it to OUTER_SAMPLE and
+    puts into transformer_options["sample_sigmas"]). Percents become sigmas through the model's own sampling."""
+    start = model_sampling.percent_to_sigma(config.start_percent)
+    end = model_sampling.percent_to_sigma(config.end_percent)
+    plan = make_plan(sigmas.tolist() if hasattr(sigmas, "tolist") else sigmas, config.interval, config.schedule,
+                     start, end)
+    return RunState(config=config, depth=depth, plan=plan, dit_skipped_share=dit_share)
+
+
+def report_run(report: dict) -> None:
+    telemetry.record(FEATURE, "run", **report)
+    share, skipped = report["shallow_share"], report["compute_skipped"]
+    log.info("[Accel] DeepCache: deep features reused on %d of %d steps (%d shallow model calls, %d full%s); "
+             "%s of the model's compute skipped (estimate; the shallow path is %s of a full call). Run %s.",
+             report["reused_steps"], report["steps"], report["shallow_calls"], report["full_calls"],
+             (f", {report['fallback_calls']} full for lack of a matching feature" if report["fallback_calls"] else "")
+             + (f", {report['partial_calls']} with only some cond chunks reused" if report["partial_calls"] else ""),
+             f"about {100 * skipped:.0f}%" if skipped is not None else "an unknown share",
+             f"{100 * share:.1f}%" if share is not None else "unknown", report["status"])
