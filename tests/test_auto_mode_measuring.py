@@ -152,3 +152,55 @@ def test_every_measuring_path_leaves_each_call_as_eager(accel_pack, monkeypatch,
     if background:  # captured in the first call, sent to a child, which cannot import the toy blocks: failed
         states = {k: e.background.state for k, e in kinds.items()}
         assert all(s is engine.background.BackgroundState.FAILED for s in states.values()), states
+
+
+def test_each_kind_runs_the_route_planned_for_its_call(accel_pack, monkeypatch):
+    """Each model call's routes are decided once, before the call (routes.py), one per kind, and every block runs
+    its kind's route: the profile call eagerly and uncounted, the per-kind timing on the chosen paths, a
+    whole-call eager sample through ComfyUI's own forward, then (the verdict compiled) every block compiled; with
+    choose="always compiled" every kind's route is COMPILED from the first call."""
+    engine = accel_pack.accel.compile
+    Route, CallMode = engine.routes.Route, engine.routes.CallMode
+    monkeypatch.setattr(engine.kind_choice, "FASTER_MARGIN", 1e9)  # compiled wins every comparison: a verdict
+    monkeypatch.setattr(engine.auto_mode, "WHOLE_CALL_MARGIN", 1e9)
+    monkeypatch.setattr(engine.kind_choice, "MIN_CALL_SHARE", 0.0)
+    plans, plan_call = [], engine.patcher.plan_call
+
+    def recording(*args, **kwargs):
+        plans.append(plan_call(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(engine.patcher, "plan_call", recording)
+    patcher = toy_patcher()
+    blocks = 8
+    generator = torch.Generator().manual_seed(2)
+    for choose in ("auto", "always compiled"):
+        # options of this test's own, so that its kinds decide everything anew whatever ran before
+        compiled = engine.compile_model(patcher, engine.CompileOptions(dynamic="auto", background=False,
+                                                                       choose=choose))
+        plans.clear()
+        calls = []
+        for _ in range(14):
+            call(compiled, torch.randn(2, 4, DIM, generator=generator))
+            (record,) = [r for r in engine.model_record.records_of(patcher.model) if r.options.choose == choose]
+            calls.append(dict(record.last_call))
+        kinds = {e.key for e in record.entries}
+        assert len(kinds) == 4 and all(set(p.routes) == kinds for p in plans), [p.routes for p in plans]
+        routes = [(p.mode, set(p.routes.values())) for p in plans]
+        if choose == "always compiled":
+            assert all(r == (CallMode.DISPATCH, {Route.COMPILED}) for r in routes), routes
+            assert all(c["compiled"] == blocks and not c["eager"] for c in calls), calls
+            continue
+        assert routes[0] == (CallMode.PROFILE, {Route.PROFILE}) and calls[0]["compiled"] == 0, (routes, calls)
+        assert not calls[0]["eager"], calls[0]  # the profile's eager calls are ComfyUI's forward, uncounted
+        expected = {CallMode.DISPATCH: {Route.CHOSEN}, CallMode.CHECK_COMPILED: {Route.CHOSEN},
+                    CallMode.CHECK_EAGER: {Route.PLAIN}}
+        assert all(found == expected[mode] for mode, found in routes[1:]), routes
+        for (mode, _), done in zip(routes, calls):
+            if mode is CallMode.CHECK_EAGER:
+                assert done["compiled"] == 0 and not done["eager"], done
+            if mode is CallMode.CHECK_COMPILED:
+                assert done["compiled"] == blocks, done
+        modes = [mode for mode, _ in routes]
+        assert CallMode.CHECK_EAGER in modes and record.auto.verdict == "compiled", (modes, record.auto.reason)
+        assert modes[-1] is CallMode.DISPATCH and calls[-1]["compiled"] == blocks, (modes, calls[-1])

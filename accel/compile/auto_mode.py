@@ -1,8 +1,8 @@
 """Planning each Compile Model call once, and choose="auto"'s stages: the one home of auto mode.
 
-`plan_call` decides, before a UNet call, how the whole call runs (its `CallMode`); `finish_call` takes the
-call's timings after it. Per block, dispatch.py only carries out that plan. Auto mode's stages, all on the
-sampler's real calls, never on extra ones (so measuring never changes a result):
+`plan_call` decides, before a UNet call, how the whole call runs (its `CallMode`) and each block kind's route in it
+(routes.py); `finish_call` takes the call's timings after it. Per block, dispatch.py only runs that route. Auto
+mode's stages, all on the sampler's real calls, never on extra ones (so measuring never changes a result):
 
 1. PROFILE: a model's first call runs eagerly and times each kind's share of it. A kind under
    kind_choice.MIN_CALL_SHARE is never compiled. Shares are saved for later processes (saved_shares.py).
@@ -27,7 +27,6 @@ at most twice (the rule: kind_choice.RECHECK_BAND).
 """
 from __future__ import annotations
 
-import enum
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,9 +35,9 @@ import torch
 
 from ..cache import COMPILE_CACHE
 from .background import ACTIVITY, BACKGROUND, IDLE_GATE, SETTLED_STATES, DroppedSamples, hold_until_idle
-from .background.activity import Window
 from .kind_choice import FASTER_MARGIN, MAX_RECHECKS, RECHECK_AFTER_RUNS, RECHECK_BAND
 from .kinds import KindEntry
+from .routes import CallMode, CallPlan
 from .saved_shares import save_shares
 
 log = logging.getLogger("comfyui_accel")
@@ -49,38 +48,6 @@ SAMPLES_PER_PATH = 2
 WHOLE_CALL_MARGIN = FASTER_MARGIN
 # Calls that never line up (every call a new shape): stop checking and keep what the per-kind timing chose.
 MAX_CALLS = 24
-
-
-class CallMode(enum.Enum):
-    PROFILE = "profile"  # eager, each kind's share of the call timed
-    DISPATCH = "dispatch"  # each block on its kind's path (undecided kinds timed on their real calls)
-    CHECK_COMPILED = "check compiled"  # a whole-call sample with the chosen paths
-    CHECK_EAGER = "check eager"  # a whole-call sample with ComfyUI's own forward everywhere
-    EAGER = "eager"  # the verdict: no dispatch at all
-
-
-@dataclass
-class CallPlan:
-    """How one call runs, decided once before it, and what it measured (filled in during it)."""
-    mode: CallMode
-    always_compiled: bool
-    background: bool  # cold kinds may be captured for the background compiler in this call
-    device_type: str
-    compiles_here: int = 0  # kinds this call may compile in this process (ComfyUI's progress bar counts them)
-    settled_before: tuple | None = None  # check calls: the model's state before, to tell a clean sample
-    captures: dict = field(default_factory=dict)  # kind key -> background.Capture
-    kind_seconds: dict = field(default_factory=dict)  # PROFILE: seconds per kind key
-    blocks: int = 0
-    served_before: tuple | None = None  # the kinds' counts of compiled and eager block calls before the call
-    new_shapes_in_background: bool = False  # a compiled kind's new input shape may go to a child in this call
-    compiles_in_background: bool = False  # the model's options let a child compile (choose=auto, background)
-    window: Window | None = None  # the pack's own work seen from the call's start (a sample only if none)
-    graphs_missing: bool = False  # some block ran eagerly for a graph not here yet (a child's, or loading)
-
-    @property
-    def timed(self) -> bool:
-        """The whole call's time is a measurement (so it waits for the device before and after)."""
-        return self.mode in (CallMode.PROFILE, CallMode.CHECK_COMPILED, CallMode.CHECK_EAGER)
 
 
 @dataclass
@@ -188,7 +155,7 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
     entries, auto = record.entries, record.auto
     if always_compiled or auto is None:
         pending = len({e.key for e in entries if e.compiles == 0 and not e.failure})
-        return CallPlan(CallMode.DISPATCH, True, False, device_type, pending)
+        return CallPlan(CallMode.DISPATCH, True, False, device_type, pending).fill_routes(entries)
     if auto.verdict == "eager":
         if not auto.recheck_due():
             return None  # whole calls were not faster compiled
@@ -201,7 +168,7 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
                          for e in entries)
     if not auto.profiled and any(e.choice.share is None and not e.choice.decided and not e.failure
                                  for e in entries):
-        return CallPlan(CallMode.PROFILE, False, background, device_type)
+        return CallPlan(CallMode.PROFILE, False, background, device_type).fill_routes(entries)
     auto.profiled = True  # every kind's share is known (saved by an earlier process): nothing to profile
     checking = auto.verdict is None and all(e.choice.decided or e.failure for e in entries) and not any(
         e.background.waiting or e.background.compiling_new_shape or e.loads_between_prompts for e in entries)
@@ -216,9 +183,9 @@ def plan_call(record, always_compiled: bool, background_allowed: bool, device_ty
         mode = CallMode.CHECK_COMPILED if auto.next_check_path() == "compiled" else CallMode.CHECK_EAGER
         return CallPlan(mode, False, background, device_type, _compiles_here(entries, background),
                         settled_before=_settled_state(entries), new_shapes_in_background=new_shapes,
-                        compiles_in_background=background_allowed)
+                        compiles_in_background=background_allowed).fill_routes(entries)
     return CallPlan(CallMode.DISPATCH, False, background, device_type, _compiles_here(entries, background),
-                    new_shapes_in_background=new_shapes, compiles_in_background=background_allowed)
+                    new_shapes_in_background=new_shapes, compiles_in_background=background_allowed).fill_routes(entries)
 
 
 def start_call(record, plan: CallPlan) -> None:

@@ -1,7 +1,10 @@
-"""Per block, carrying out a call's plan (auto_mode.CallPlan): which path each block call takes.
+"""Per block, running the route its kind was given for the call (routes.py, decided by auto_mode.plan_call).
 
 For the length of one apply_model call every repeated block gets an instance-level `forward`, a
-`BlockDispatcher`, that runs it through its kind's registry entry as the plan says. Each block runs exactly once
+`BlockDispatcher`, that runs it through its kind's registry entry on that route. What depends on the block or
+the call's inputs is settled here, in `BlockDispatcher.__call__`: a block whose weights are offloaded or whose
+call another node patched runs eagerly, a kind sent to a child has its first block captured, and a call whose
+inputs no graph of the kind serves runs eagerly while a child compiles that graph. Each block runs exactly once
 per call, on the call's own inputs: timing wraps the real call, capturing reads its inputs' layouts only.
 """
 from __future__ import annotations
@@ -9,11 +12,10 @@ from __future__ import annotations
 import time
 
 from .attention import compiled_block_options
-from .auto_mode import CallMode, CallPlan
 from .background import ACTIVITY, Capture
 from .blocks import BlockSite, block_safe_options, whole_model_safe_options
-from .background.decision import decide_background
 from .kinds import WOULD_COMPILE, KindEntry, wait_for_device
+from .routes import CallPlan, Route
 from .shapes import input_signature, tensor_shapes
 
 PATCHED = "another node patched the attention or the UNet"
@@ -98,33 +100,33 @@ class BlockDispatcher:
     def __call__(self, *args, **kwargs):
         plan, entry, block = self.plan, self.entry, self.site.module
         plan.blocks += 1
-        if plan.mode is CallMode.CHECK_EAGER:  # ComfyUI's own forward, uncounted
+        route = plan.routes[entry.key]
+        if route is Route.BACKGROUND and not (entry.background.waiting or entry.background.undecided):
+            route = plan.reroute(entry)
+        if route is Route.PLAIN:  # ComfyUI's own forward, uncounted
             return entry.forward(block, *args, **kwargs)
-        waits = plan.background and not self.eager_reason and self._send_to_background(args, kwargs)
-        if plan.mode is CallMode.PROFILE:
+        waits = entry.key in plan.to_background and not self.eager_reason and self._send_to_background(args, kwargs)
+        if route is Route.PROFILE:
             return self._timed(lambda: entry.forward(block, *args, **kwargs), plan.kind_seconds, entry.key)
         if waits:
             return entry.run_eager(block, args, kwargs, IN_BACKGROUND)
-        if plan.new_shapes_in_background and entry.loads_between_prompts:
+        if route is Route.LOADING:
             plan.graphs_missing = True
             return entry.run_eager(block, args, kwargs, LOADS_BETWEEN_PROMPTS)
-        if self.eager_reason:
+        if self.eager_reason:  # this block's weights are not all on the compute device (a partial load)
             return entry.run_eager(block, args, kwargs, self.eager_reason)
         make_call = self._make_call(args, kwargs)
-        if make_call is None:
+        if make_call is None:  # or the call is patched (also a BACKGROUND route's block that could not be captured)
             return entry.run_eager(block, args, kwargs, PATCHED)
-        if plan.always_compiled:
+        if route is Route.COMPILED:
             return self._compiled(make_call, args, kwargs)
-        # A kind served by precompiled functions always asks them first and compiles nothing here: its guards
-        # are checked at every call anyway, and they may refuse what the model-level shapes did not show (an
-        # inference tensor where the child's graph had a normal one).
-        refuses = plan.new_shapes_in_background or (plan.compiles_in_background and entry.precompiled.expected)
-        if refuses and entry.can_refuse_compiles:
-            return run_on_chosen_path(entry, block, args, kwargs, plan.device_type,
-                                      lambda: self._compiled_or_eager(make_call, args, kwargs))
-        if plan.new_shapes_in_background and self._new_shape_in_background(make_call):  # kinds with graph breaks
-            plan.graphs_missing = True
-            return entry.run_eager(block, args, kwargs, NEW_SHAPE_IN_BACKGROUND)
+        if route is Route.CHOSEN_OFF_PROMPT:
+            if entry.can_refuse_compiles:
+                return run_on_chosen_path(entry, block, args, kwargs, plan.device_type,
+                                          lambda: self._compiled_or_eager(make_call, args, kwargs))
+            if plan.new_shapes_in_background and self._new_shape_in_background(make_call):  # graph breaks
+                plan.graphs_missing = True
+                return entry.run_eager(block, args, kwargs, NEW_SHAPE_IN_BACKGROUND)
         return run_on_chosen_path(entry, block, args, kwargs, plan.device_type,
                                   lambda: self._compiled(make_call, args, kwargs))
 
@@ -195,11 +197,12 @@ class BlockDispatcher:
         return True
 
     def _send_to_background(self, args: tuple, kwargs: dict) -> bool:
-        """True when this block runs eagerly because its kind compiles in the background. The first block of a
-        kind that must be compiled cold is captured (its inputs' layouts) for the child process."""
+        """For a kind the plan sends to a child (`to_background`): True when this block runs eagerly because its
+        kind compiles in the background. The first block of a kind that must be compiled cold is captured (its
+        inputs' layouts) for the child process."""
         plan, entry = self.plan, self.entry
         capture = plan.captures.get(entry.key)
-        if capture is None and (entry.background.waiting or not decide_background(entry)):
+        if capture is None and not entry.background.undecided:  # a child has it, or it settled since the plan
             return entry.background.waiting
         make_call = self._make_call(args, kwargs)
         if make_call is None:  # patched in this call: capture a later block of the kind

@@ -10,8 +10,9 @@ it was between calls, so ComfyUI can load, partially load, unload and patch it (
 APPLY_MODEL is outside DIFFUSION_MODEL: a DIFFUSION_MODEL wrapper that runs its own UNet loop (DeepCache)
 still calls the blocks through their module call, so it gets the compiled blocks whatever the node order.
 
-The walk: wrapper (this module) -> the model's record (model_record.py) -> the call's plan (auto_mode.py) ->
-per block, its dispatcher (dispatch.py) -> its kind's entry (kinds.py).
+The walk: wrapper (this module) -> the model's record (model_record.py) -> the call's plan (auto_mode.py), with
+each kind's route in it (routes.py) -> per block, its dispatcher (dispatch.py) -> its kind's entry (kinds.py);
+accel/compile/README.md draws it.
 """
 from __future__ import annotations
 

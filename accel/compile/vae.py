@@ -8,7 +8,8 @@ input VAE is untouched.
 With choose=auto and a background compile (the defaults), the first decode (or encode) of a VAE kind with nothing
 in the persistent compile cache runs eagerly and is captured for the background child, like a block kind
 (dispatch.py): a workflow's first prompt no longer waits for the VAE's compile. Its next calls load the child's
-graphs and auto mode times compiled against eager as for blocks.
+graphs and auto mode times compiled against eager as for blocks. Each call takes the route its kind is given
+(routes.py), as a block does; the VAE has no profile or whole-call check, one kind per method.
 """
 from __future__ import annotations
 
@@ -20,12 +21,12 @@ from .background import BACKGROUND, Capture, hold_until_idle
 from .blocks import BlockKind
 from .dispatch import (IN_BACKGROUND, LOADS_BETWEEN_PROMPTS, NEW_SHAPE_IN_BACKGROUND, new_shape_goes_to_child,
                        run_on_chosen_path)
-from .background.decision import decide_background
 from .kinds import WOULD_COMPILE, KindEntry
 from .shapes import input_signature
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
 from .registry import REGISTRY
+from .routes import CallMode, CallPlan, Route
 from .status import VAE, note_owner
 
 VAE_METHODS = ("decode", "encode")
@@ -65,14 +66,22 @@ class CompiledMethod:
         def run_compiled():
             return entry.run_compiled(self.module, lambda: (args, kwargs), args, kwargs)
 
-        if options.choose == "always compiled":
-            return run_compiled()
-        background = options.compiles_in_background and policy.allows("background_compile")
-        if background and self._compiling_in_background(entry, args, kwargs, device):
-            return entry.run_eager(self.module, args, kwargs, IN_BACKGROUND)
-        if background and entry.loads_between_prompts:
+        always = options.choose == "always compiled"
+        background = not always and options.compiles_in_background and policy.allows("background_compile")
+        if background:
+            BACKGROUND.poll()  # a finished child hands the kind back here
+        plan = CallPlan(CallMode.DISPATCH, always, background, device.type, new_shapes_in_background=background,
+                        compiles_in_background=background).fill_routes([entry])
+        route = plan.routes[entry.key]
+        if route is Route.BACKGROUND:
+            if self._compiling_in_background(entry, args, kwargs, device):
+                return entry.run_eager(self.module, args, kwargs, IN_BACKGROUND)
+            route = plan.reroute(entry)  # it could not be sent: compiled here
+        if route is Route.LOADING:
             return entry.run_eager(self.module, args, kwargs, LOADS_BETWEEN_PROMPTS)
-        if background and entry.can_refuse_compiles:
+        if route is Route.COMPILED:
+            return run_compiled()
+        if route is Route.CHOSEN_OFF_PROMPT and entry.can_refuse_compiles:
             return run_on_chosen_path(entry, self.module, args, kwargs, device.type,
                                       lambda: self._compiled_or_eager(entry, args, kwargs, device))
         return run_on_chosen_path(entry, self.module, args, kwargs, device.type, run_compiled)
@@ -94,8 +103,7 @@ class CompiledMethod:
         """True while this VAE kind compiles in a child, and for the call that sends it there (its first, when
         the kind is cold). On a CPU with few cores the child starts once this process is idle (the decode and
         the rest of the prompt done: background/idle_gate.py), as the sampler's do."""
-        BACKGROUND.poll()  # a finished child hands the kind back here
-        if entry.background.waiting or not decide_background(entry):
+        if not entry.background.undecided:  # a child has it (or it waits for inductor's CPU checks)
             return entry.background.waiting
         capture = Capture.in_this_call(entry, self.module, self.method)
         entry.background.capture()
