@@ -1,7 +1,7 @@
 """Compile Model on every generated model family, on whatever device this machine has (a CUDA GPU if torch sees
 one, else the CPU): is every family's output equal to eager's, does anything recompile, what does it cost.
 
-For each family of tests/families.py (tiny depths, ComfyUI's own classes, detected by its UNETLoader), in one
+For each family of tools/families.py (tiny depths, ComfyUI's own classes, detected by its UNETLoader), in one
 process with empty compile caches of its own (TORCHINDUCTOR_CACHE_DIR and ACCEL_CACHE_DIR in a temporary folder):
 eager; Compile Model's defaults (choose=auto: first sampling, the background child, the sampling that loads its
 graphs, steady); choose=always compiled. Reports per family the seconds of each first sampling, steady seconds per
@@ -30,7 +30,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
-sys.path.append(str(ROOT / "tests"))
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from timing import synced_clock  # noqa: E402
@@ -134,7 +133,7 @@ def run_family(engine, nodes, family, steps: int, shape, rounds: int = 0, core: 
 
 def bench_flux_case():
     """The benchmark Flux as a family case: the generated Flux's conditioning and latent, the benchmark's file."""
-    from families import FamilyCase
+    from tools.families import FamilyCase
     from tools.family_models import FLUX_BENCH
 
     class BenchFlux(FamilyCase):
@@ -160,7 +159,7 @@ def main() -> None:
     os.environ["ACCEL_CACHE_DIR"] = str(Path(cache) / "accel")
     import torch
 
-    from families import FAMILIES, BY_FAMILY
+    from tools.families import FAMILIES, BY_FAMILY
     from fresh_process import write_report
     from tools.comfy_env import import_comfyui, load_pack
 

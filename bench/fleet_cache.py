@@ -2,7 +2,7 @@
 an empty local compile cache, against one Redis (ACCEL_REMOTE_CACHE), beside the same workers with no store.
 
 Each worker is a started ComfyUI server with this pack; its first prompt is the generated SD3 transformer
-(tests/soak_prompts.py, 3 steps; --model sd15: the small SD1.5 UNet at 128 px, 6 steps, several block kinds)
+(tools/soak_prompts.py, 3 steps; --model sd15: the small SD1.5 UNet at 128 px, 6 steps, several block kinds)
 through Compile Model with choose="always compiled" and the background compile off, so that whatever the worker
 compiles is in that prompt's path. Per worker: the first prompt's latency (queue to done, over HTTP), the compile
 seconds the pack counted, torch's FX graph cache misses (cold compiles), the artifacts it took from the store, and
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 SECRET = "bench-fleet-secret-0123456789"
 MODEL_TEXT = {"sd3": "the generated SD3 transformer (one block kind), 3 steps, cfg 4.5",
@@ -36,7 +36,7 @@ MODELS = {"sd3": dict(model="sd3", cfg=4.5, steps=3),  # the generated SD3 trans
 
 def first_prompt(base: Path, env: dict, model: str) -> dict:
     """Start a worker, time its first compiled prompt, read what it compiled, stop it."""
-    from soak_prompts import Prompt, graph_of, server_of
+    from tools.soak_prompts import Prompt, graph_of, server_of
 
     prompt = Prompt(model, compiled=True, choose="always compiled", background=False, **MODELS[model])
     started = time.perf_counter()

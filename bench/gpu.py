@@ -24,9 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
-sys.path.append(str(ROOT / "tests"))
 
-from families import FAMILIES  # noqa: E402
+from tools.families import FAMILIES  # noqa: E402
 from tools.comfy_env import comfyui_dir, comfyui_version  # noqa: E402
 from tools.family_models import FLUX_BENCH  # noqa: E402
 
@@ -39,7 +38,7 @@ PY = sys.executable
 TOLERANCE = {"torch.float16": 5e-3, "torch.bfloat16": 2e-2, "torch.float32": 1e-3}  # fp32: the CPU tests' rtol
 # The families run two to a process, the processes at once (errors, not speeds, are their result): one after
 # another, the background children's waits alone summed to 307 s on the H100 (gpu_h100.md), half the budget.
-# Neighbours in tests/families.py share a process: Wan 2.2 reuses Wan 2.1's compiled kind there, as on the H100.
+# Neighbours in tools/families.py share a process: Wan 2.2 reuses Wan 2.1's compiled kind there, as on the H100.
 FAMILIES_PER_PROCESS = 2
 NAMES = [family.name for family in FAMILIES]
 FLUX = ["--latent", "128", "--steps", "8"]  # the benchmark Flux at 1024x1024 pixels, as in gpu_h100.md

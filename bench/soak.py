@@ -1,5 +1,5 @@
 """The long mixed run of #16 at full length: 30 prompts through one started ComfyUI server, mixing the five
-configurations of tests/soak_prompts.py (sizes, batch sizes, cfg 1 and cfg > 1, DeepCache on/off at two intervals,
+configurations of tools/soak_prompts.py (sizes, batch sizes, cfg 1 and cfg > 1, DeepCache on/off at two intervals,
 LoRA strengths, Swap Weights to another checkpoint and back, Compile Model on/off, KSampler and KSamplerAdvanced,
 the small SD1.5 UNet and the generated SD3 transformer) in six passes of shuffled order, each prompt compared with
 the same prompt run alone and eagerly in a fresh server (ACCEL_DISABLE_COMPILE=1), and timed against the same
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 PROMPTS = 30
 
@@ -31,7 +31,7 @@ PROMPTS = 30
 def timed_latent(server, prompt, prefix: str):
     """Run `prompt`; its latent, and the seconds ComfyUI took to execute it (from its own execution_start and
     execution_success timestamps: polling /history would round to its 0.25 s period)."""
-    from soak_prompts import graph_of, saved_latent
+    from tools.soak_prompts import graph_of, saved_latent
 
     entry = server.run_workflow(graph_of(prompt, prefix), timeout=900)
     stamps = {name: data["timestamp"] for name, data in entry["status"]["messages"]}
@@ -51,7 +51,7 @@ def main() -> None:
 
     import torch
     from deepcache_speed import machine
-    from soak_prompts import CONFIGS, EAGER, cold_compiles, rss_mb, server_of, wait_for_background
+    from tools.soak_prompts import CONFIGS, EAGER, cold_compiles, rss_mb, server_of, wait_for_background
     from tools.comfy_env import comfyui_version
 
     order, rng = [], random.Random(args.seed)

@@ -39,7 +39,7 @@ def main() -> None:
     engine = load_pack(as_in_a_server=True).accel.compile
     import nodes
     from compile_helpers import dynamo_frames, wait_for_idle_release
-    from families import BY_FAMILY, load, sample
+    from tools.families import BY_FAMILY, load, sample
 
     family = BY_FAMILY[args.family]
     engine.kind_choice.FASTER_MARGIN = engine.auto_mode.WHOLE_CALL_MARGIN = 100.0

@@ -4,7 +4,7 @@ as it would for a user.
 
     python tests/cache_probe.py [--size 16] [--batch 1] [--save-output FILE] [--family NAME] [--save-eager FILE]
 
---family samples a generated family (tests/families.py) at its own small latent instead of the small SD1.5 UNet;
+--family samples a generated family (tools/families.py) at its own small latent instead of the small SD1.5 UNet;
 --save-eager first samples the model without Compile Model and saves that latent.
 
 Prints one JSON line: Dynamo frames, torch's on-disk cache hit/miss counters, compile seconds, cache stats, and
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=16)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--save-output", help="torch.save the sampled latent here")
-    parser.add_argument("--family", help="a generated model family (tests/families.py) instead of the SD1.5 UNet")
+    parser.add_argument("--family", help="a generated model family (tools/families.py) instead of the SD1.5 UNet")
     parser.add_argument("--save-eager", help="torch.save the latent sampled without Compile Model here")
     args = parser.parse_args()
 
@@ -55,7 +55,7 @@ def main() -> None:
     before = torch_state()
     engine = load_pack(as_in_a_server=True).accel.compile
     if args.family:
-        import families
+        from tools import families
 
         case = families.BY_FAMILY[args.family]
         model, run = families.load(nodes, case), lambda m: families.sample(m, case)

@@ -15,7 +15,7 @@ import os
 import torch
 
 from compile_helpers import assert_close_to_eager, dynamo_frames, dynamo_graph_breaks, own_kinds
-from families import FAMILIES, FamilyCase, load, sample
+from tools.families import FAMILIES, FamilyCase, load, sample
 from tools.family_models import BY_NAME
 
 # The split between the two files; every family is in one of them but Flux, whose 3072-wide compile CI pays

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from families import FAMILIES
+from tools.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "gpu.py"

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import families
+from tools import families
 from compile_helpers import assert_close_to_eager, assert_every_artifact_whole, load, sample
 from probe_runs import result_of, run_probe, start_probe
 from tools.comfy_env import ROOT, comfyui_dir

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager, dynamo_frames
-from families import BY_FAMILY, sample
+from tools.families import BY_FAMILY, sample
 from family_compile_checks import check_always_compiled, load_and_sample_eagerly
 
 FLUX = BY_FAMILY["flux"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from compile_helpers import assert_close_to_eager, dynamo_frames, own_kinds
-from families import BY_FAMILY, TRAINED_WAN, load, sample
+from tools.families import BY_FAMILY, TRAINED_WAN, load, sample
 from family_compile_checks import VIDEO_FAMILIES, check_compile_model_on_family
 
 

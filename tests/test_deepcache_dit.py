@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-import families
+from tools import families
 from deepcache_runs import deepcache, split_cond_uncond
 from tools import family_models
 

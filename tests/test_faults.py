@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager, assert_every_artifact_whole
-from soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of, wait_for_background
+from tools.soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of, wait_for_background
 
 pytestmark = pytest.mark.server
 PLAIN = Prompt("plain", steps=4)

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager
-from soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of, wait_for_background
+from tools.soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of, wait_for_background
 from tools.redis_server import RedisServer
 
 SECRET = "fleet-secret-0123456789abcdef"

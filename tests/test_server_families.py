@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager
-from families import BY_FAMILY
-from soak_prompts import latent_of, wait_for_background
+from tools.families import BY_FAMILY
+from tools.soak_prompts import latent_of, wait_for_background
 from tools.comfy_server import ComfyServer
 
 pytestmark = pytest.mark.server

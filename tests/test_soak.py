@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager
-from soak_prompts import CONFIGS, EAGER, PASSES, cold_compiles, rss_mb, run_latent, server_of, wait_for_background
+from tools.soak_prompts import CONFIGS, EAGER, PASSES, cold_compiles, rss_mb, run_latent, server_of, wait_for_background
 
 pytestmark = pytest.mark.server
 

@@ -1,4 +1,4 @@
-"""A test-only ComfyUI node: a generated model family's conditioning and empty latent (tests/families.py), so a
+"""A test-only ComfyUI node: a generated model family's conditioning and empty latent (tools/families.py), so a
 started server can sample transformer models without their multi-GB text encoders. Linked into a test server's
 custom_nodes by the tests that need it; never part of the pack."""
 from __future__ import annotations
@@ -20,14 +20,14 @@ class AccelTestInputs:
 
     @classmethod
     def INPUT_TYPES(cls):
-        from families import BY_FAMILY
+        from tools.families import BY_FAMILY
 
         return {"required": {"family": (sorted(BY_FAMILY),), "seed": ("INT", {"default": 0, "min": 0}),
                              "tokens": ("INT", {"default": 77, "min": 1, "max": 4096})}}
 
     def make(self, family, seed, tokens):
         import torch
-        from families import BY_FAMILY
+        from tools.families import BY_FAMILY
 
         case = BY_FAMILY[family]
         positive, negative = case.conds(seed, tokens)

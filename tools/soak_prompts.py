@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from families import BY_FAMILY
+from tools.families import BY_FAMILY
 from tools.comfy_server import ComfyServer
 
 TEST_NODES = Path(__file__).with_name("server_nodes") / "accel_test_inputs"
