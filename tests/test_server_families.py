@@ -5,7 +5,7 @@ The server starts with an empty compile cache, so the first prompt meets the bac
 eagerly while a child compiles them, and its latent equals eager bit for bit. Once the child is done, its graphs
 load (on the CPU while the server idles, so the next prompt compiles nothing; elsewhere at that prompt's calls),
 the next prompt equals eager within the compiled tolerance, and a third compiles nothing.
-Conditioning comes from a test-only node (tests/server_nodes/), not from text encoders.
+Conditioning comes from a test-only node (tools/server_nodes/), not from text encoders.
 
 This is where Flux's defaults are checked (test_compile_families.py checks the other image families'
 in-process; test_compile_flux.py checks Flux always compiled, with LoRAs, a replaced block, partial loading):
@@ -13,18 +13,15 @@ the 3072-wide child compile is paid once in CI, here.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager
-from tools.families import BY_FAMILY
-from tools.soak_prompts import latent_of, wait_for_background
 from tools.comfy_server import ComfyServer
+from tools.families import BY_FAMILY
+from tools.soak_prompts import TEST_NODES, latent_of, wait_for_background
 
 pytestmark = pytest.mark.server
-TEST_NODES = Path(__file__).with_name("server_nodes") / "accel_test_inputs"
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from ui_pages import error_dialogs, page_prompt, screenshot
 
 pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent
-TEST_INPUTS = ROOT / "tests" / "server_nodes" / "accel_test_inputs"
+TEST_INPUTS = ROOT / "tools" / "server_nodes" / "accel_test_inputs"
 ACCEL_NODES = {"AccelCompileModel": "Compile Model (Accel)", "AccelCompileVAE": "Compile VAE (Accel)",
                "AccelDeepCache": "DeepCache (Accel)", "AccelSwapWeights": "Swap Weights (Accel)"}
 # The conditioning that replaces a placeholder text encoder's: the generated family of the template's model.
@@ -116,7 +116,7 @@ def test_every_template_opens_from_the_template_browser_with_its_model_links(ui)
 
 def runnable(prompt: dict) -> dict:
     """The template's prompt with the placeholder text encoders' nodes replaced by conditioning of their width
-    (tests/server_nodes/accel_test_inputs), and sizes, frames and steps cut to the test budget."""
+    (tools/server_nodes/accel_test_inputs), and sizes, frames and steps cut to the test budget."""
     prompt = json.loads(json.dumps(prompt))
     for node_id, node in list(prompt.items()):
         names = [v for v in node["inputs"].values() if isinstance(v, str) and v in PLACEHOLDERS]

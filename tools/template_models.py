@@ -13,7 +13,7 @@ the same loader node:
 - LoRAs: a LoRA of the generated model's first block;
 - text encoders too large to generate here (T5-XXL, umT5-XXL, Qwen2.5-VL 7B): a placeholder under the name, so
   the template opens without a missing-model warning; the tests replace those nodes with conditioning tensors
-  of the right width (tests/server_nodes/accel_test_inputs) and never load it.
+  of the right width (tools/server_nodes/accel_test_inputs) and never load it.
 """
 from __future__ import annotations
 

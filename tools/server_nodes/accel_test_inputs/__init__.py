@@ -1,15 +1,14 @@
 """A test-only ComfyUI node: a generated model family's conditioning and empty latent (tools/families.py), so a
-started server can sample transformer models without their multi-GB text encoders. Linked into a test server's
-custom_nodes by the tests that need it; never part of the pack."""
+started server can sample transformer models without their multi-GB text encoders. Linked into a server's
+custom_nodes by the tests and benchmarks that need it; never part of the pack."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-_TESTS = Path(__file__).resolve().parents[2]
-for path in (_TESTS, _TESTS.parent):
-    if str(path) not in sys.path:
-        sys.path.append(str(path))
+_ROOT = Path(__file__).resolve().parents[3]  # the project, for `tools`
+if str(_ROOT) not in sys.path:
+    sys.path.append(str(_ROOT))
 
 
 class AccelTestInputs:
