@@ -13,6 +13,8 @@ import re
 import threading
 import time
 
+from .thread_names import PREFIX as PACK_THREAD_PREFIX
+
 # libgomp.so.1 (GCC, conda), libgomp-a34b3233.so.1 (a wheel's copy renamed by auditwheel), libiomp5.so (Intel),
 # libomp.so.5 (LLVM); the separator keeps libomptarget (LLVM's offloading plugin, not a runtime) out.
 OPENMP_RUNTIME = re.compile(r"lib(?:gomp|iomp5|omp)(?:-[0-9A-Za-z]+)?\.so")
@@ -117,13 +119,27 @@ def thread_report(pid: int | None = None) -> dict:
     pid = os.getpid() if pid is None else pid
     # torch first: its import maps libgomp and its probe thread has ended before the threads are listed
     torch_info = torch_threads() if own else None
+    python_threads = {t.native_id for t in threading.enumerate()}
     per_thread = thread_times(pid)
+    python_threads |= {t.native_id for t in threading.enumerate()}  # and those started during the listing
     allowed = sorted(os.sched_getaffinity(pid)) if hasattr(os, "sched_getaffinity") else None
     report = {"pid": pid, "openmp_runtimes": openmp_runtimes(pid), "threads": len(per_thread),
               "per_thread": per_thread, "torch": torch_info,
+              "pack_thread_pools": pools_of_pack_threads(per_thread, python_threads) if own else None,
               "affinity": {"allowed_cpus": allowed, "cpu_count": os.cpu_count()}, "environment": environment(pid)}
     report["warnings"] = problems(report)
     return report
+
+
+def pools_of_pack_threads(per_thread: list[dict], python_threads: set[int]) -> dict[str, int]:
+    """Per thread of the pack (by its native name), the native threads it started: an OpenMP pool (or torch's
+    inter-op threads) opened because that thread ran CPU kernels. None is expected: the pack's threads wait,
+    load and deserialise; a pool of theirs spins beside the sampler's (thread_names.py says how they are seen)."""
+    found: dict[str, int] = {}
+    for thread in per_thread:
+        if thread["name"].startswith(PACK_THREAD_PREFIX) and thread["tid"] not in python_threads:
+            found[thread["name"]] = found.get(thread["name"], 0) + 1
+    return found
 
 
 def problems(report: dict) -> list[str]:
@@ -133,6 +149,9 @@ def problems(report: dict) -> list[str]:
     if len(runtimes) > 1:
         said.append(f"{len(runtimes)} OpenMP runtimes are loaded ({', '.join(runtimes)}): each keeps its own thread "
                     "pool, and together they can oversubscribe the cores and slow CPU work (pytorch#98836)")
+    for name, count in (report.get("pack_thread_pools") or {}).items():
+        said.append(f"the pack's thread {name} started {count} native threads (an OpenMP pool): it ran CPU kernels "
+                    "outside ComfyUI's prompt thread, and that pool's threads compete with the sampler's")
     if torch_info is None:
         return said
     threads = torch_info["num_threads"]

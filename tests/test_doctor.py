@@ -85,3 +85,41 @@ def test_help_lists_only_user_commands():
     for command in ("precompile", "cache", "doctor"):
         assert command in text
     assert "usage: python -m accel compile-worker" in accel_cli("compile-worker", "--help").stdout
+
+
+POOL_SCRIPT = """
+import json, threading, torch
+from accel.diagnostics import thread_report
+from accel.thread_names import start_thread
+
+ready, finish = threading.Barrier(3), threading.Event()
+
+def waits():  # what the pack's threads do: wait, read files, hand results back
+    ready.wait(); finish.wait(60)
+
+def computes():  # what they must not do: a CPU kernel above ATen's grain size opens this thread's OpenMP pool
+    torch.randn(1 << 20).add(1).sum()
+    ready.wait(); finish.wait(60)
+
+start_thread("accel-waits", waits)
+start_thread("accel-computes", computes)
+ready.wait()
+report = thread_report()
+finish.set()
+print(json.dumps({"pools": report["pack_thread_pools"], "warnings": report["warnings"],
+                  "names": [t["name"] for t in report["per_thread"]], "num_threads": torch.get_num_threads()}))
+"""
+
+
+def test_a_pack_threads_openmp_pool_is_told_apart_from_the_samplers():
+    """The pack's threads carry their names natively (accel/thread_names.py), so the OpenMP pool one of them opens
+    by running a CPU kernel carries its name too: the report counts it against that thread (and warns), and
+    counts nothing against a thread of the pack that only waits. Two OpenMP threads: with one, no pool starts."""
+    proc = subprocess.run([sys.executable, "-c", POOL_SCRIPT], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "2"}, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["num_threads"] == 2
+    assert {"accel-waits", "accel-computes"} <= set(seen["names"]), seen["names"]
+    assert seen["pools"] == {"accel-computes": 1}, seen
+    assert any("accel-computes started 1 native threads" in text for text in seen["warnings"]), seen["warnings"]

@@ -13,6 +13,9 @@ the 3072-wide child compile is paid once in CI, here.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import pytest
 import torch
 
@@ -26,9 +29,33 @@ pytestmark = pytest.mark.server
 
 @pytest.fixture(scope="module")
 def family_server(tmp_path_factory):
+    """Two OpenMP threads (the suite's processes run with one, where no pool starts and none could be seen): every
+    output here is compared with eager of the same server."""
     base = tmp_path_factory.mktemp("family-server")
-    with ComfyServer(base, extra_nodes=(TEST_NODES,), env={"ACCEL_CACHE_DIR": str(base / "compile-cache")}) as srv:
+    env = {"ACCEL_CACHE_DIR": str(base / "compile-cache"), "OMP_NUM_THREADS": "2"}
+    with ComfyServer(base, extra_nodes=(TEST_NODES,), env=env) as srv:
         yield srv
+
+
+@contextlib.contextmanager
+def pools_of_pack_threads(server, every: float = 0.5):
+    """What the server's stats said, while the block ran, of native threads started by the pack's own threads
+    (accel/thread_names.py): an OpenMP pool of a thread that ran CPU kernels beside the sampler (#32)."""
+    seen, stop = [], threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(every):
+            pools = server.get_json("/accel/stats")["threads"]["pack_thread_pools"]
+            if pools:
+                seen.append(pools)
+
+    poller = threading.Thread(target=poll, name="pack-pool-poller")
+    poller.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        poller.join()
 
 
 def workflow(family: str, seed: int, prefix: str, compiled: bool) -> dict:
@@ -56,14 +83,21 @@ def run_latent(server, graph: dict) -> torch.Tensor:
 
 @pytest.mark.parametrize("family", ["flux", "wan21"])
 def test_compile_model_defaults_over_http_equal_eager(family_server, family):
+    """Also: none of the pack's threads (the loader, inductor's CPU checks, the idle gate, the job's watcher) runs
+    CPU kernels, so none opens an OpenMP pool beside the prompt thread's, whose threads would spin against the
+    sampler's in every later step (#32: a process that loaded its graphs stepped slower than one that compiled)."""
     eager = {seed: run_latent(family_server, workflow(family, seed, f"{family}-eager-{seed}", False))
              for seed in (1, 2)}
-    first = run_latent(family_server, workflow(family, 1, f"{family}-first", True))
+    with pools_of_pack_threads(family_server) as pools:
+        first = run_latent(family_server, workflow(family, 1, f"{family}-first", True))
+        background = wait_for_background(family_server)
+        second = run_latent(family_server, workflow(family, 2, f"{family}-second", True))
+    threads = family_server.get_json("/accel/stats")["threads"]
+    assert not pools and threads["pack_thread_pools"] == {}, (pools, threads["per_thread"])
+    assert "accel-loader" in {t["name"] for t in threads["per_thread"]}, "the loader is not named: nothing was seen"
     assert torch.equal(first, eager[1]), "the first prompt, while the child compiles, differs from eager"
-    background = wait_for_background(family_server)
     jobs = background["finished"]
     assert jobs and all(not job["failed"] for job in jobs), jobs
-    second = run_latent(family_server, workflow(family, 2, f"{family}-second", True))
     assert_close_to_eager(second, eager[2], f"{family}: with the child's graphs")
     stats = family_server.get_json("/accel/stats")["compile"]
     # the child's graphs are served whole (precompiled.py): the server never runs Dynamo

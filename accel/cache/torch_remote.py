@@ -33,6 +33,8 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, BinaryIO, Iterator
 
+from ..thread_names import start_thread
+
 if TYPE_CHECKING:
     from .remote import RemoteStore
 
@@ -60,7 +62,7 @@ class VerifyingEndpoint:
         self._server = socketserver.ThreadingUnixStreamServer(self.path, Handler)
         self._server.daemon_threads = True
         weakref.finalize(self, shutil.rmtree, self._dir, True)  # the socket's directory goes with the process
-        threading.Thread(target=self._server.serve_forever, name="accel-torch-cache-endpoint", daemon=True).start()
+        start_thread("accel-cache-srv", self._server.serve_forever)
 
     @contextlib.contextmanager
     def serving(self, env_id: str) -> Iterator[None]:

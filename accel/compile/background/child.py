@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ...thread_names import start_thread
 from .skeleton import load_skeleton
 
 log = logging.getLogger("comfyui_accel")
@@ -164,7 +165,6 @@ def _exit_with(parent: int) -> None:
     """A compile nobody will load is wasted CPU: this process ends within a second of ComfyUI's. (Not the kernel's
     parent-death signal: it fires when the *thread* that started this process ends, and the idle gate's thread,
     which starts held jobs, ends whenever nothing waits.)"""
-    import threading
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -173,7 +173,7 @@ def _exit_with(parent: int) -> None:
 
     if os.getppid() != parent:
         sys.exit(PARENT_GONE)  # ComfyUI ended before this process could watch it
-    threading.Thread(target=watch, name="accel-parent-watch", daemon=True).start()
+    start_thread("accel-watch", watch)
 
 
 def _lower_priority() -> None:

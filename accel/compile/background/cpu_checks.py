@@ -25,6 +25,7 @@ import threading
 import time
 
 from ... import telemetry
+from ...thread_names import start_thread
 from .activity import ACTIVITY
 from ..precompiled import warm_loader
 from .idle_gate import IDLE_GATE
@@ -98,8 +99,7 @@ class CpuChecks:
                 "kinds_waiting": [b.label for b in self._waiting]}
 
     def _start(self) -> None:  # with the lock held
-        self._thread = threading.Thread(target=self._run, name="accel-inductor-cpu-checks", daemon=True)
-        self._thread.start()
+        self._thread = start_thread("accel-cpu-check", self._run)
 
     def _run(self) -> None:
         start = time.perf_counter()

@@ -23,6 +23,7 @@ import time
 from typing import Callable
 
 from ...env_settings import env_float
+from ...thread_names import start_thread
 
 log = logging.getLogger("comfyui_accel")
 
@@ -54,8 +55,7 @@ class IdleGate:
             if self._outside_since is None and not self._sampling:
                 self._outside_since = time.monotonic()
             if self._watcher is None:
-                self._watcher = threading.Thread(target=self._watch, name="accel-idle-gate", daemon=True)
-                self._watcher.start()
+                self._watcher = start_thread("accel-idle-gate", self._watch)
 
     def sampling_started(self) -> None:
         with self._lock:

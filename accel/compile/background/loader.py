@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from ...thread_names import start_thread
 from .activity import ACTIVITY
 from .idle_gate import IDLE_GATE
 
@@ -46,8 +47,7 @@ class Loader:
         with self._wake:
             self._asked = True
             if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="accel-loader", daemon=True)
-                self._thread.start()
+                self._thread = start_thread("accel-loader", self._serve)
             self._wake.notify()
 
     @property

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from ... import telemetry
 from ...cache.trust import make_private_dirs
+from ...thread_names import start_thread
 from ..precompiled import warm_loader
 from .activity import ACTIVITY
 from .capture import Capture
@@ -142,8 +143,7 @@ class BackgroundCompiler:
             return False
         self._job = job = Job(entries, worker, directory, time.perf_counter())
         ACTIVITY.started()
-        threading.Thread(target=self._hand_back_when_done, args=(job,), name="accel-background-job",
-                         daemon=True).start()
+        start_thread("accel-job-wait", self._hand_back_when_done, job)
         log.info("[Accel] Compile Model: compiling %s in the background (pid %d); those blocks run eagerly until "
                  "it is done. ACCEL_DISABLE_BACKGROUND_COMPILE=1 compiles them at their first call instead.",
                  ", ".join(e.kind.label for e in entries), worker.process.pid)
