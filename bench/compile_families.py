@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from timing import synced_clock  # noqa: E402
+from tools.harness.sampling import synced_clock  # noqa: E402
 
 
 def scaled(shape: tuple[int, ...], scale: int) -> tuple[int, ...]:
@@ -160,7 +160,7 @@ def main() -> None:
     import torch
 
     from tools.families import FAMILIES, BY_FAMILY
-    from fresh_process import write_report
+    from tools.harness.child import write_report
     from tools.comfy_env import import_comfyui, load_pack
 
     import_comfyui(cpu=not torch.cuda.is_available())

@@ -26,9 +26,9 @@ sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from compile_model import accel_summary, target_ratios, wait_for_background, wrap  # noqa: E402
-from fresh_process import run_variants, write_report  # noqa: E402
-from memory import peak_mib, reset_peak, rss_mib  # noqa: E402
-from timing import synced_clock  # noqa: E402
+from tools.harness.child import run_variants, write_report  # noqa: E402
+from tools.harness.memory import peak_mib, reset_peak, rss_mib  # noqa: E402
+from tools.harness.sampling import synced_clock  # noqa: E402
 from tools.family_models import FLUX_BENCH  # noqa: E402
 
 MODEL = FLUX_BENCH.file_name

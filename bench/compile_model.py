@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from fresh_process import run_variants, write_report  # noqa: E402
-from memory import peak_mib, pss_tree_mib, reset_peak, rss_mib  # noqa: E402
+from tools.harness.child import run_variants, write_report  # noqa: E402
+from tools.harness.memory import peak_mib, pss_tree_mib, reset_peak, rss_mib  # noqa: E402
 
 SWEEP_SIZES = (24, 40, 48)
 

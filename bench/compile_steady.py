@@ -21,7 +21,7 @@ sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from compile_model import accel_summary, sampler, wait_for_background, wrap  # noqa: E402
-from fresh_process import run_variants, write_report  # noqa: E402
+from tools.harness.child import run_variants, write_report  # noqa: E402
 
 
 def run_variant(variant: str, model_name: str, steps: int, latent: int, rounds: int) -> dict:

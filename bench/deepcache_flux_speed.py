@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from deepcache_dit_quality import BlockWork  # noqa: E402
+from digits_flux import BlockWork  # noqa: E402
 from tools.comfy_env import comfyui_version, import_comfyui, load_pack  # noqa: E402
 from tools.family_models import FLUX_BENCH  # noqa: E402
 

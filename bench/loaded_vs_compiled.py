@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from fresh_process import run_result_process, write_report  # noqa: E402
+from tools.harness.child import run_result_process, write_report  # noqa: E402
 
 
 def small_op_us(op, repeats: int = 300) -> float:

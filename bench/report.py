@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from fresh_process import run_result_process  # noqa: E402
+from tools.harness.child import run_result_process  # noqa: E402
 from report_output import write_report  # noqa: E402
 from scenarios import BY_NAME, SCENARIOS, models  # noqa: E402
 

@@ -24,9 +24,9 @@ sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
 import compile_model  # noqa: E402
-from memory import peak_mib  # noqa: E402
+from tools.harness.memory import peak_mib  # noqa: E402
 from scenarios import BY_NAME, BenchModel, models  # noqa: E402
-from timing import synced_clock  # noqa: E402
+from tools.harness.sampling import synced_clock  # noqa: E402
 
 STEADY_PROMPTS = 3  # after the prompt that loads the background child's graphs
 # Each steady prompt of a scenario with nodes is followed by the same workflow without them (the loaders' own

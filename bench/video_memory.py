@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from fresh_process import run_variants, write_report  # noqa: E402
+from tools.harness.child import run_variants, write_report  # noqa: E402
 
 SCENARIOS = ("eager", "compile", "deepcache", "compile+deepcache")
 TRAINED = ROOT / "bench" / "assets" / "digits_wan21.safetensors"  # bench/deepcache_video_quality.py
@@ -38,7 +38,7 @@ def latent_shape(width: int, height: int, frames: int) -> tuple[int, ...]:
 def run_scenario(scenario: str, args) -> dict:
     import torch
 
-    from memory import peak_mib
+    from tools.harness.memory import peak_mib
     from tools.comfy_env import import_comfyui, load_pack
 
     import_comfyui(cpu=True)

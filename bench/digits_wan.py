@@ -251,7 +251,7 @@ def main() -> None:
     import folder_paths
     import nodes
     import torch
-    from deepcache_dit_quality import BlockWork, plot, settings
+    from digits_flux import BlockWork, plot, settings
     from deepcache_quality import trained_weights
 
     # where UNETLoader will look first, as an extra_model_paths.yaml entry would make it
