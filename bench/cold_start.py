@@ -18,21 +18,19 @@ worker's must equal the first's). Medians over rounds.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-sys.path.append(str(Path(__file__).resolve().parent))
-
-from tools.harness.child import run_result_process, write_report  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.harness import cli
+from tools.harness.child import cache_env, print_result, run_result_process
+from tools.harness.results import write_report
+from tools.harness.sampling import conditioning, sample
 
 SECRET = "bench-fleet-secret-0123456789"
 
@@ -41,23 +39,17 @@ def run_process(side: str, model_name: str, steps: int, latent: int) -> dict:
     from tools.comfy_env import import_comfyui, load_pack
 
     import_comfyui(cpu=True)
-    import comfy.sample
     import nodes
-    import torch
     from torch._dynamo.utils import counters
 
     engine = load_pack().accel.compile
     (model,) = nodes.UNETLoader().load_unet(model_name, "default")
     compiled = engine.compile_model(model, engine.CompileOptions())
-    context = torch.randn(1, 77, 768, generator=torch.Generator().manual_seed(0))
-    latent_image = torch.zeros(1, 4, latent, latent)
+    conds = conditioning()
 
-    def prompt(patcher) -> tuple[float, torch.Tensor]:
-        start = time.perf_counter()
-        out = comfy.sample.sample(patcher, comfy.sample.prepare_noise(latent_image, 0), steps, 7.0, "euler",
-                                  "normal", [[context, {}]], [[torch.zeros_like(context), {}]], latent_image,
-                                  disable_pbar=True, seed=0)
-        return time.perf_counter() - start, out
+    def prompt(patcher):
+        run = sample(patcher, conds, (1, 4, latent, latent), steps, 7.0)
+        return run.seconds, run.out
 
     eager_first, _ = prompt(model)
     first_s, _ = prompt(compiled)  # eagerly, while the child compiles (or the CPU checks run)
@@ -98,9 +90,8 @@ def one_round(model: str, steps: int, latent: int) -> dict:
         store = {"ACCEL_REMOTE_CACHE": redis.url, "ACCEL_REMOTE_CACHE_KEY": SECRET}
         found = {}
         for side, cache in (("first", "a"), ("restart", "a"), ("worker", "b")):
-            env = {**os.environ, **store, "ACCEL_CACHE_DIR": str(Path(tmp) / cache),
-                   "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / f"torch-{cache}")}
-            found[side] = run_result_process([sys.executable, __file__, "--child", side, *args], env, side)
+            found[side] = run_result_process([sys.executable, __file__, "--child", side, *args],
+                                             {**cache_env(Path(tmp) / cache), **store}, side)
             print(json.dumps(found[side]), flush=True)
     return found
 
@@ -133,16 +124,10 @@ def summary(rounds: list[dict]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="accel-sd15-small.safetensors")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--latent", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser = cli.parser(__doc__, child=True, model="accel-sd15-small.safetensors", steps=4, latent=32, rounds=2)
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(run_process(args.child, args.model, args.steps, args.latent)), flush=True)
-        return
+        return print_result(run_process(args.child, args.model, args.steps, args.latent))
     rounds = [one_round(args.model, args.steps, args.latent) for _ in range(args.rounds)]
     write_report("cold_start", {"model": args.model, "latent": args.latent, "cfg_batch": 2, "steps": args.steps,
                                 "rounds": rounds, "ratios": summary(rounds)})

@@ -19,20 +19,18 @@ TorchCompileModel) in turn, round after round, for steady speeds that the machin
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-sys.path.append(str(Path(__file__).resolve().parent))
-
-from tools.harness.sampling import synced_clock  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.harness import cli
+from tools.harness.child import cache_env
+from tools.harness.results import write_report
+from tools.harness.sampling import sample
 
 
 def scaled(shape: tuple[int, ...], scale: int) -> tuple[int, ...]:
@@ -41,16 +39,8 @@ def scaled(shape: tuple[int, ...], scale: int) -> tuple[int, ...]:
 
 
 def timed_sampling(model, family, steps: int, shape) -> tuple[object, float, list[float]]:
-    import comfy.sample
-    import torch
-
-    latent = torch.zeros(shape)
-    noise = comfy.sample.prepare_noise(latent, 0)
-    positive, negative = family.conds(0)
-    stamps = [time.perf_counter()]
-    out = comfy.sample.sample(model, noise, steps, family.cfg, "euler", "normal", positive, negative, latent,
-                              disable_pbar=True, seed=0, callback=lambda *a: stamps.append(synced_clock()))
-    return out, synced_clock() - stamps[0], [b - a for a, b in zip(stamps, stamps[1:])]
+    run = sample(model, family.conds(0), shape, steps, family.cfg)
+    return run.out, run.seconds, run.step_s
 
 
 def rel_error(out, reference) -> float:
@@ -145,23 +135,20 @@ def bench_flux_case():
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, steps=4)
     parser.add_argument("--families", help="comma-separated names (default: every family)")
-    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--scale", type=int, default=1, help="latent height and width times this")
     parser.add_argument("--rounds", type=int, default=0,
                         help="then this many interleaved rounds of eager, the defaults and always compiled")
     parser.add_argument("--core", action="store_true", help="with --rounds: core TorchCompileModel too")
     args = parser.parse_args()
 
-    cache = tempfile.mkdtemp(prefix="accel-bench-families-")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache) / "torch")
-    os.environ["ACCEL_CACHE_DIR"] = str(Path(cache) / "accel")
+    os.environ.update(cache_env(Path(tempfile.mkdtemp(prefix="accel-bench-families-")), {}))
     import torch
 
-    from tools.families import FAMILIES, BY_FAMILY
-    from tools.harness.child import write_report
     from tools.comfy_env import import_comfyui, load_pack
+
+    from tools.families import BY_FAMILY, FAMILIES
 
     import_comfyui(cpu=not torch.cuda.is_available())
     import nodes

@@ -14,22 +14,19 @@ against eager's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-sys.path.append(str(Path(__file__).resolve().parent))
-
-from compile_model import accel_summary, target_ratios, wait_for_background, wrap  # noqa: E402
-from tools.harness.child import run_variants, write_report  # noqa: E402
-from tools.harness.memory import peak_mib, reset_peak, rss_mib  # noqa: E402
-from tools.harness.sampling import synced_clock  # noqa: E402
-from tools.family_models import FLUX_BENCH  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from compile_model import accel_summary, target_ratios, wait_for_background, wrap
+from tools.family_models import FLUX_BENCH
+from tools.harness import cli
+from tools.harness.child import print_result, run_variants
+from tools.harness.memory import peak_mib, reset_peak, rss_mib
+from tools.harness.results import write_report
+from tools.harness.sampling import conditioning, sample, synced_clock
 
 MODEL = FLUX_BENCH.file_name
 TOKENS = (77, 154, 231)
@@ -38,23 +35,11 @@ SIZES = (24, 32)
 
 def sampler(model):
     """sample(latent, steps, tokens) -> (output, seconds of each step): ComfyUI's sampler, Flux's inputs."""
-    import comfy.sample
-    import torch
+    def sample_model(latent: int, steps: int, tokens: int = TOKENS[0]):
+        run = sample(model, conditioning(4096, tokens, pooled=True), (1, 16, latent, latent), steps, 1.0)
+        return run.out, run.step_s
 
-    def sample(latent: int, steps: int, tokens: int = TOKENS[0]):
-        generator = torch.Generator().manual_seed(0)
-        context = torch.randn(1, tokens, 4096, generator=generator)
-        extras = {"pooled_output": torch.randn(1, 768, generator=generator), "guidance": 3.5}
-        negative = {"pooled_output": torch.zeros(1, 768), "guidance": 3.5}
-        image = torch.zeros(1, 16, latent, latent)
-        noise = comfy.sample.prepare_noise(image, 0)
-        stamps = [time.perf_counter()]
-        out = comfy.sample.sample(model, noise, steps, 1.0, "euler", "normal", [[context, extras]],
-                                  [[torch.zeros_like(context), negative]], image, disable_pbar=True, seed=0,
-                                  callback=lambda *a: stamps.append(synced_clock()))
-        return out, [b - a for a, b in zip(stamps, stamps[1:])]
-
-    return sample
+    return sample_model
 
 
 def paired_steady(sample_variant, sample_eager, latent: int, steps: int, rounds: int = 4) -> dict:
@@ -125,17 +110,11 @@ def run_variant(variant: str, steps: int, latent: int, outputs: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--latent", type=int, default=16)
-    parser.add_argument("--variants", default="eager,core,accel")
+    parser = cli.parser(__doc__, child=True, steps=4, latent=16, variants="eager,core,accel")
     parser.add_argument("--outputs", help=argparse.SUPPRESS)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = run_variant(args.child, args.steps, args.latent, Path(args.outputs))
-        print("RESULT " + json.dumps(result), flush=True)
-        return
+        return print_result(run_variant(args.child, args.steps, args.latent, Path(args.outputs)))
 
     import torch
 

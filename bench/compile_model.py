@@ -6,27 +6,33 @@ cold first-sampling latency, steady seconds per step (median over a second run),
 compiles over a 3-size sweep after the first run. When Compile Model compiles in the background (its default),
 the script waits for the child process after the first sampling, then times one more sampling (the one that
 loads the child's graphs) before the steady run, and reports both and the child's wall time and peak RSS.
+`--variants eager` alone is the eager baseline the other benchmarks are measured against.
+
+`--steady`: steady speed of each compiled variant against eager, in one process, the two interleaved. On a shared
+2-core machine one process can run 20% faster or slower than the next, which swamps a comparison of steady
+seconds per step made across processes: each variant's process samples its compiled MODEL and the eager one it was
+made from (same weights) in alternating `--rounds`, after two warm-up runs of each, and reports the median seconds
+per step of each and their ratio. The variants share one compile cache directory (this is about speed, not cold
+start). Results: bench/results/compile_steady.json (compile_model.json without it).
 
     .venv/bin/python bench/compile_model.py [--steps 6] [--variants eager,core,accel]
+    .venv/bin/python bench/compile_model.py --steady [--rounds 3] [--steps 4] [--variants core,accel,accel-compiled]
 """
 from __future__ import annotations
 
-import argparse
-import json
 import resource
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-sys.path.append(str(Path(__file__).resolve().parent))
-
-from tools.harness.child import run_variants, write_report  # noqa: E402
-from tools.harness.memory import peak_mib, pss_tree_mib, reset_peak, rss_mib  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.harness import cli
+from tools.harness.child import print_result, run_variants
+from tools.harness.memory import peak_mib, pss_tree_mib, reset_peak, rss_mib
+from tools.harness.results import write_report
+from tools.harness.sampling import conditioning, sample
 
 SWEEP_SIZES = (24, 40, 48)
+COLD_VARIANTS, STEADY_VARIANTS = "eager,core,accel,accel-compiled,accel-lowmem", "core,accel,accel-compiled"
 
 
 def wrap(variant: str, model):
@@ -47,39 +53,30 @@ def wrap(variant: str, model):
 
 def sampler(model):
     """sample(size, steps) -> seconds of each step: ComfyUI's sampler, euler, cfg 7 (UNet batch 2)."""
-    import comfy.sample
-    import torch
-
-    context = torch.randn(1, 77, 768, generator=torch.Generator().manual_seed(0))
-
-    def sample(size: int, n_steps: int) -> list[float]:
-        stamps = [time.perf_counter()]
-        latent_image = torch.zeros(1, 4, size, size)
-        noise = comfy.sample.prepare_noise(latent_image, 0)
-        comfy.sample.sample(model, noise, n_steps, 7.0, "euler", "normal", [[context, {}]],
-                            [[torch.zeros_like(context), {}]], latent_image, disable_pbar=True, seed=0,
-                            callback=lambda *a: stamps.append(time.perf_counter()))
-        return [b - a for a, b in zip(stamps, stamps[1:])]
-
-    return sample
+    conds = conditioning()
+    return lambda size, n_steps: sample(model, conds, (1, 4, size, size), n_steps, 7.0).step_s
 
 
-def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
-    """Inside the variant's own process."""
+def load_variant(variant: str, model_name: str):
     from tools.comfy_env import import_comfyui
 
     import_comfyui(cpu=True)
     import nodes
+
+    (eager,) = nodes.UNETLoader().load_unet(model_name, "default")
+    return (eager, *wrap(variant, eager))
+
+
+def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
+    """Inside the variant's own process: cold first sampling, the background child, steady, the size sweep."""
     from torch._dynamo.utils import counters
 
-    (model,) = nodes.UNETLoader().load_unet(model_name, "default")
-    model, engine = wrap(variant, model)
-    sample = sampler(model)
-
+    _, model, engine = load_variant(variant, model_name)
+    sample_model = sampler(model)
     loaded_rss = rss_mib()
     reset_peak()  # the load's own peak (file pages and the fp32 copy) is the same for every variant
     start = time.perf_counter()
-    sample(latent, steps)
+    sample_model(latent, steps)
     cold = time.perf_counter() - start
     sampling_peak = peak_mib()
     pss_self, pss_children = pss_tree_mib()
@@ -87,12 +84,12 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
     background = wait_for_background(engine)
     if background is not None:  # the sampling that loads the child's graphs and makes auto mode's choices
         start = time.perf_counter()
-        sample(latent, steps)
+        sample_model(latent, steps)
         background["loading_sampling_s"] = time.perf_counter() - start
-    steady = statistics.median(sample(latent, steps)[1:])
+    steady = statistics.median(sample_model(latent, steps)[1:])
     frames = counters["frames"]["ok"]
     for size in SWEEP_SIZES:
-        sample(size, 2)
+        sample_model(size, 2)
     result = {
         "variant": variant, "cold_first_sample_s": cold, "steady_s_per_step": steady,
         "compiles_first_run": first_frames, "compiles_in_sweep": counters["frames"]["ok"] - frames,
@@ -106,6 +103,26 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
         result.update(accel_summary(engine))
     if background is not None:
         result["background"] = background
+    return result
+
+
+def run_steady(variant: str, model_name: str, steps: int, latent: int, rounds: int) -> dict:
+    """Inside the variant's own process: its compiled MODEL and the eager one, sampled in turn."""
+    eager, compiled, engine = load_variant(variant, model_name)
+    runs = {"eager": sampler(eager), variant: sampler(compiled)}
+    for sample_model in runs.values():  # warm-up: loading, compiling, and auto mode's choices (about 6 UNet calls)
+        sample_model(latent, steps)
+        wait_for_background(engine)  # Compile Model's cold compile in a child process, if any
+        sample_model(latent, steps)
+    per_step: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, sample_model in runs.items():
+            per_step[name] += sample_model(latent, steps)[1:]  # the first step of a run also loads the model
+    medians = {name: statistics.median(times) for name, times in per_step.items()}
+    result = {"variant": variant, "median_s_per_step": medians, "steps_timed": len(per_step["eager"]),
+              "speed_vs_eager_same_process": medians["eager"] / medians[variant]}
+    if engine is not None:
+        result.update(accel_summary(engine))
     return result
 
 
@@ -151,23 +168,26 @@ def accel_summary(engine) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="accel-sd15-a.safetensors")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--latent", type=int, default=32)
-    parser.add_argument("--variants", default="eager,core,accel,accel-compiled,accel-lowmem")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser = cli.parser(__doc__, child=True, model="accel-sd15-a.safetensors", steps=None, latent=32, rounds=3,
+                        variants=None)
+    parser.add_argument("--steady", action="store_true", help="steady speed against eager, in one process each")
     args = parser.parse_args()
-    if args.child:
-        print("RESULT " + json.dumps(run_variant(args.child, args.model, args.steps, args.latent)), flush=True)
+    args.steps = args.steps or (4 if args.steady else 6)
+    args.variants = args.variants or (STEADY_VARIANTS if args.steady else COLD_VARIANTS)
+    settings = {"model": args.model, "latent": args.latent, "cfg_batch": 2, "steps": args.steps}
+    if args.steady:
+        if args.child:
+            return print_result(run_steady(args.child, args.model, args.steps, args.latent, args.rounds))
+        results = run_variants(__file__, args.variants.split(","), shared_cache=True)
+        ratios = {r["variant"]: r["speed_vs_eager_same_process"] for r in results}
+        write_report("compile_steady", {**settings, "rounds": args.rounds, "results": results, "ratios": ratios})
         return
+    if args.child:
+        return print_result(run_variant(args.child, args.model, args.steps, args.latent))
 
-    results = run_variants(__file__, args.variants.split(","), ["--model", args.model, "--steps", str(args.steps),
-                                                                "--latent", str(args.latent)])
-
+    results = run_variants(__file__, args.variants.split(","))
     by = {r["variant"]: r for r in results}
-    report = {"model": args.model, "latent": args.latent, "cfg_batch": 2, "steps": args.steps,
-              "sweep_sizes": SWEEP_SIZES, "results": results}
+    report = {**settings, "sweep_sizes": SWEEP_SIZES, "results": results}
     if {"core", "accel", "eager"} <= set(by):
         report["ratios"] = target_ratios(by, "peak_rss_mib")
         eager = by["eager"]

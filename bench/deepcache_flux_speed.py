@@ -16,45 +16,30 @@ drifts over minutes; a round spreads a drift over every setting).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-sys.path.append(str(Path(__file__).resolve().parent))
-
-from digits_flux import BlockWork  # noqa: E402
-from tools.comfy_env import comfyui_version, import_comfyui, load_pack  # noqa: E402
-from tools.family_models import FLUX_BENCH  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from digits_flux import BlockWork
+from tools.comfy_env import import_comfyui, load_pack
+from tools.family_models import FLUX_BENCH
+from tools.harness import cli
+from tools.harness.results import write_report
+from tools.harness.sampling import conditioning, sample
 
 
-def sample(model, latent: int, steps: int):
-    import comfy.sample
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    context = torch.randn(1, 77, 4096, generator=generator)
-    positive = {"pooled_output": torch.randn(1, 768, generator=generator), "guidance": 3.5}
-    negative = {"pooled_output": torch.zeros(1, 768), "guidance": 3.5}
-    image = torch.zeros(1, 16, latent, latent)
-    noise = comfy.sample.prepare_noise(image, 0)
-    return comfy.sample.sample(model, noise, steps, 1.0, "euler", "simple", [[context, positive]],
-                               [[torch.zeros_like(context), negative]], image, disable_pbar=True, seed=0)
+def sample_flux(model, latent: int, steps: int):
+    """(output, seconds): the benchmark Flux's sampling at cfg 1, euler, the "simple" scheduler."""
+    run = sample(model, conditioning(4096, pooled=True), (1, 16, latent, latent), steps, 1.0, scheduler="simple")
+    return run.out, run.seconds
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--latent", type=int, default=16, help="latent height and width (8x pixels)")
+    parser = cli.parser(__doc__, steps=20, latent=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-compile", action="store_true", help="only the settings without Compile Model")
     args = parser.parse_args()
 
-    comfy_dir = import_comfyui(cpu=True)
+    import_comfyui(cpu=True)
     pack = load_pack()
     import nodes
     import torch
@@ -76,18 +61,15 @@ def main() -> None:
     runs = [(base_name, name, cache(base)) for base_name, base in bases for name, cache in caches.items()]
     first, times, works, outputs = {}, {}, {}, {}
     for base_name, name, patched in runs:  # warm-up, one each (Compile Model: its compile)
-        start = time.perf_counter()
-        sample(patched, args.latent, args.steps)
-        first[base_name, name] = time.perf_counter() - start
+        first[base_name, name] = sample_flux(patched, args.latent, args.steps)[1]
         print(f"  warm-up {base_name:13s} {name:30s} {first[base_name, name]:6.1f} s", flush=True)
     # Rounds over every setting in turn, not each setting's repeats in a row: this machine's speed drifts over
     # minutes, and a drift must not land on one setting.
     for _ in range(args.repeats):
         for base_name, name, patched in runs:
             work.total = 0.0
-            start = time.perf_counter()
-            outputs[base_name, name] = sample(patched, args.latent, args.steps)
-            times.setdefault((base_name, name), []).append(time.perf_counter() - start)
+            outputs[base_name, name], seconds = sample_flux(patched, args.latent, args.steps)
+            times.setdefault((base_name, name), []).append(seconds)
             works[base_name, name] = work.total
     reference = outputs["eager", "full compute"]
     full_seconds = {base_name: statistics.median(times[base_name, "full compute"]) for base_name, _ in bases}
@@ -115,12 +97,9 @@ def main() -> None:
         print(f"| {r['base']} | {r['setting']} | {r['seconds']:.2f} | {r['speedup_vs_full_same_base']:.2f}x | "
               f"{r['speedup_limit']:.2f}x ({100 * r['block_compute_skipped']:.0f}% skipped) | "
               f"{r['speedup_vs_full_eager']:.2f}x | {r['error_vs_full_eager']:.1e} |")
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": "deepcache_flux_speed", "comfyui": comfyui_version(comfy_dir), "torch": torch.__version__,
-              "model": FLUX_BENCH.file_name, "steps": args.steps, "latent": args.latent, "repeats": args.repeats,
-              "torch_threads": torch.get_num_threads(), "rows": rows}
-    (out_dir / "deepcache_flux_speed.json").write_text(json.dumps(result, indent=2))
+    write_report("deepcache_flux_speed", {"model": FLUX_BENCH.file_name, "steps": args.steps, "latent": args.latent,
+                                          "repeats": args.repeats, "torch_threads": torch.get_num_threads(),
+                                          "rows": rows})
 
 
 if __name__ == "__main__":

@@ -16,20 +16,16 @@ on one configuration; medians are reported. Results: bench/results/deepcache_spe
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import statistics
-import sys
 import time
 import types
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-
-from tools.comfy_env import comfyui_version, import_comfyui, load_pack  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.comfy_env import comfyui_version, import_comfyui, load_pack
+from tools.harness import cli
+from tools.harness.machine import cpu_model
+from tools.harness.results import results_path
 
 SD15_DIFFUSERS = dict(  # diffusers' names for the SD1.5 UNet configuration (tools/make_models.py SD15_FULL)
     sample_size=64, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280, 1280),
@@ -37,15 +33,6 @@ SD15_DIFFUSERS = dict(  # diffusers' names for the SD1.5 UNet configuration (too
     up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
     cross_attention_dim=768, attention_head_dim=8,
 )
-
-
-def machine() -> str:
-    name = platform.processor() or ""
-    try:
-        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{platform.machine()} {name}, {os.cpu_count()} cores".strip()
 
 
 def timed_run(run) -> tuple[float, list[float]]:
@@ -166,10 +153,7 @@ def reference_side(args) -> dict | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="accel-sd15-a.safetensors")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--latent", type=int, default=32, help="latent side (image side / 8)")
+    parser = cli.parser(__doc__, model="accel-sd15-a.safetensors", steps=20, latent=32)
     parser.add_argument("--cfg", type=float, default=7.0)
     parser.add_argument("--depth", type=int, default=0, help="cache branch (0 = shallowest, DeepCache's branch 0)")
     parser.add_argument("--intervals", type=int, nargs="+", default=[2, 3, 5])
@@ -191,7 +175,7 @@ def main() -> None:
         "benchmark": "deepcache_speed", "model": args.model, "steps": args.steps, "latent": args.latent,
         "cfg": args.cfg, "cfg_batch": 2, "sampler": "euler", "depth": args.depth, "repeats": args.repeats,
         "attention": args.attention,
-        "machine": machine(),
+        "machine": cpu_model(),
         "torch": torch.__version__, "comfyui": comfyui_version(comfy), "threads": torch.get_num_threads(),
         "accel": comfy_side(args, pack),
     }
@@ -210,10 +194,9 @@ def main() -> None:
     timed = f"{accel['shallow_share_timed']:.3f}" if accel["shallow_share_timed"] is not None else "-"
     print(f"\nshallow share s: {timed} timed (median shallow step / median full step), "
           f"{accel['shallow_share_flops']} FLOP estimate")
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "deepcache_speed.json").write_text(json.dumps(result, indent=2))
-    print(f"results: {out / 'deepcache_speed.json'}")
+    out = results_path("deepcache_speed.json")
+    out.write_text(json.dumps(result, indent=2))
+    print(f"results: {out}")
 
 
 if __name__ == "__main__":

@@ -1,44 +1,25 @@
-"""DeepCache on a transformer that has learned something, beside core ComfyUI's EasyCache and LazyCache: a small
-class-conditional Flux (ComfyUI's own Flux class at 128 wide, 3 double + 3 single stream blocks, 2.5 M parameters)
-trained by flow matching on scikit-learn's digits (8x8, upsampled to 16x16), sampled by ComfyUI's own sampler.
-
-    python bench/deepcache_dit_quality.py           # evaluate (trains first when the weights file is missing)
-    python bench/deepcache_dit_quality.py --train   # train again, overwrite bench/assets/digits_flux.safetensors
-
-Every setting runs on the same model, seeds, sampler and steps, in this one process: full compute; DeepCache with
-the uniform schedule at intervals 2, 3 and 5; DeepCache adaptive at three thresholds; core EasyCache and LazyCache
-at their default threshold (0.2) and two others. Per setting it reports:
-- wall time (median of --repeats generations of all the images) and the speedup against full compute;
-- the share of the blocks' compute skipped: every block call counted (forward pre-hooks, which change nothing),
-  weighted by the block's parameters, against full compute's; its limit on the speedup is 1 / (1 - share);
-- mean PSNR against full compute at the same seeds (pixels in [0, 1]);
-- the accuracy of a digit classifier (logistic regression on the data set's training split) on the images.
-The class goes in as four context tokens and the pooled vector (an eleventh "no class" entry for the uncond side),
-so sampling uses classifier-free guidance with cond and uncond batched, as a text-to-image Flux run does at cfg > 1.
-
-Needs scikit-learn (bench/requirements.txt, in an environment of its own). Results:
-bench/results/deepcache_dit_quality.json and, with --plot, a PNG of quality against speedup per method.
-"""
+"""The DiT of the DeepCache quality benchmark (bench/deepcache_quality.py --model flux): a small class-conditional
+Flux (ComfyUI's own Flux class at 128 wide, 3 double + 3 single stream blocks, 2.6 M parameters) trained by flow
+matching on scikit-learn's digits (8x8, upsampled to 16x16), sampled by ComfyUI's own sampler. The class goes in
+as four context tokens and the pooled vector (an eleventh "no class" entry for the uncond side), so sampling uses
+classifier-free guidance with cond and uncond batched, as a text-to-image Flux run does at cfg > 1."""
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
+import _path  # noqa: F401  (the project root on sys.path)
+from digits import (NULL_CLASS, SIZE, BlockWork, Trainer, digit_classifier, digits, psnr, save_grid, settings,
+                    to_features, trained_weights)
+from tools.comfy_env import ROOT
+from tools.harness.sampling import sample
 
-from tools.comfy_env import comfyui_version, import_comfyui, load_pack  # noqa: E402
-
+NAME = "deepcache_dit_quality"
 WEIGHTS = ROOT / "bench" / "assets" / "digits_flux.safetensors"
-SIZE = 16
+DEFAULTS = dict(train_steps=1500, batch=48, weights=WEIGHTS, steps=20, cfg=3.0, intervals=[2, 3, 5])
 CONTEXT_DIM = 32
 CONTEXT_TOKENS = 4
-NULL_CLASS = 10
 # Flux's layout at a toy scale: 4 heads of 32 (rope axes 8 + 12 + 12), patch 2 (64 image tokens), one latent
 # channel; no guidance embedding (the uncond side is the "no class" entry, as with cfg on a text model).
 DIGITS_FLUX = dict(
@@ -113,7 +94,6 @@ def train(steps: int, batch: int, seed: int = 0) -> dict:
     """Rectified flow: x_t = t * noise + (1 - t) * x0, the model predicts noise - x0 (what ComfyUI's FLUX model
     type turns into a denoised image), t logit-normal; the class dropped 10 % of the time."""
     import torch
-    from deepcache_quality import Trainer, digits
 
     torch.manual_seed(seed)
     model, conditioning = build()
@@ -142,117 +122,25 @@ def train(steps: int, batch: int, seed: int = 0) -> dict:
 
 def generate(patcher, conditioning, per_class: int, steps: int, cfg: float, sampler: str):
     """`per_class` images of each digit through ComfyUI's sampler; digit d's seed is d, the same in every setting."""
-    import comfy.sample
     import torch
 
     images, targets = [], []
     for digit in range(10):
-        latent = torch.zeros(per_class, 1, SIZE, SIZE)
-        noise = comfy.sample.prepare_noise(latent, digit)
-        images.append(comfy.sample.sample(
-            patcher, noise, steps, cfg, sampler, "simple", conditioning.conds(digit, per_class),
-            conditioning.conds(NULL_CLASS, per_class), latent, disable_pbar=True, seed=digit))
+        conds = conditioning.conds(digit, per_class), conditioning.conds(NULL_CLASS, per_class)
+        images.append(sample(patcher, conds, (per_class, 1, SIZE, SIZE), steps, cfg, sampler, "simple",
+                             seed=digit).out)
         targets += [digit] * per_class
     return torch.cat(images).clamp(-1, 1), targets
 
 
-class BlockWork:
-    """Counts the samples each transformer block processes (forward pre-hooks: they read the batch size and
-    change nothing), weighted by the block's parameters: the blocks' compute, in parameter-samples."""
-
-    def __init__(self, net):
-        self.total = 0.0
-        self.handles = []
-        for blocks in (net.double_blocks, net.single_blocks):
-            for block in blocks:
-                size = sum(p.numel() for p in block.parameters())
-                self.handles.append(block.register_forward_pre_hook(self._hook(size), with_kwargs=True))
-
-    def _hook(self, size: int):
-        def count(module, args, kwargs):
-            first = args[0] if args else kwargs.get("img", kwargs.get("x"))
-            self.total += size * first.shape[0]
-        return count
-
-    def close(self):
-        for handle in self.handles:
-            handle.remove()
-
-
-def settings(pack, patcher, args):
-    """(name, method, knob, the patched model) for every setting, full compute first."""
-    from comfy_extras.nodes_easycache import EasyCacheNode, LazyCacheNode
-
-    deepcache = pack.nodes.deepcache.DeepCache()
-    out = [("full compute", "full", None, patcher)]
-    for n in args.intervals:
-        out.append((f"DeepCache interval {n}", "DeepCache uniform", n,
-                    deepcache.apply(patcher, n, args.depth, 0.0, 1.0, "uniform")[0]))
-    for threshold in args.adaptive:
-        out.append((f"DeepCache adaptive {threshold:g}", "DeepCache adaptive", threshold,
-                    deepcache.apply(patcher, args.adaptive_interval, args.depth, 0.0, 1.0, "adaptive", threshold)[0]))
-    for node, name in ((EasyCacheNode, "EasyCache"), (LazyCacheNode, "LazyCache")):
-        for threshold in args.easycache:  # start and end percent at the nodes' defaults
-            model = node.execute(patcher, threshold, 0.15, 0.95, False).result[0]
-            out.append((f"{name} {threshold:g}", name, threshold, model))
-    return out
-
-
-def plot(path: Path, rows: list[dict], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    markers = {"DeepCache uniform": "o", "DeepCache adaptive": "s", "EasyCache": "^", "LazyCache": "v"}
-    for method, marker in markers.items():
-        points = [(r["speedup"], r["psnr_vs_full"], r["knob"]) for r in rows
-                  if r["method"] == method and r["psnr_vs_full"] is not None]  # None: equal to full compute
-        if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=method)
-            for x, y, knob in points:
-                ax.annotate(f"{knob:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xlabel("speedup against full compute (wall time, this CPU)")
-    ax.set_ylabel("PSNR against full compute (dB)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train", action="store_true", help="train again even if the weights exist")
-    parser.add_argument("--train-steps", type=int, default=1500)
-    parser.add_argument("--batch", type=int, default=48)
-    parser.add_argument("--weights", type=Path, default=WEIGHTS)
-    parser.add_argument("--per-class", type=int, default=10, help="generated images per digit (10 digits)")
-    parser.add_argument("--steps", type=int, default=20, help="sampling steps")
-    parser.add_argument("--cfg", type=float, default=3.0)
-    parser.add_argument("--sampler", default="euler")
-    parser.add_argument("--repeats", type=int, default=3, help="timed generations per setting (median)")
-    parser.add_argument("--depth", type=int, default=0, help="DeepCache's cache_depth")
-    parser.add_argument("--intervals", type=int, nargs="+", default=[2, 3, 5])
-    parser.add_argument("--adaptive", type=float, nargs="+", default=[0.1, 0.2, 0.3])
-    parser.add_argument("--adaptive-interval", type=int, default=3, help="adaptive: cache_interval (reuse cap)")
-    parser.add_argument("--easycache", type=float, nargs="+", default=[0.1, 0.2, 0.4])
-    parser.add_argument("--plot", type=Path, help="write the quality-against-speedup chart here (PNG)")
-    parser.add_argument("--grid", type=Path, help="also save the images of a few settings as one PNG")
-    args = parser.parse_args()
-    try:
-        import sklearn  # noqa: F401
-    except ImportError:
-        print("deepcache_dit_quality skipped: it needs scikit-learn. Install bench/requirements.txt into an "
-              "environment of its own (not the project's .venv), see bench/README.md.")
-        return
-
-    comfy_dir = import_comfyui(cpu=True)
-    pack = load_pack()
+def evaluate(args, pack) -> tuple[dict, str]:
+    """Full compute, then each setting (digits.settings) on the same model, seeds, sampler and steps, in this one
+    process: wall time (median of `--repeats` generations of all the images) and the speedup against full compute;
+    the share of the blocks' compute skipped (BlockWork) and its limit on the speedup, 1 / (1 - share); mean PSNR
+    against full compute at the same seeds (pixels in [0, 1]); the digit classifier's accuracy on the images. The
+    result, and the chart's title."""
     import comfy.model_patcher
     import torch
-    from deepcache_quality import digit_classifier, psnr, save_grid, to_features, trained_weights
 
     model, conditioning = build(trained_weights(args, train, DIGITS_FLUX, "Flux"))
     patcher = comfy.model_patcher.ModelPatcher(model, torch.device("cpu"), torch.device("cpu"))
@@ -296,25 +184,14 @@ def main() -> None:
     print(f"\nreal held-out digits: classifier accuracy {real_accuracy:.3f}; {10 * args.per_class} images per setting")
     for row in rows:
         row["psnr_vs_full"] = None if math.isinf(row["psnr_vs_full"]) else row["psnr_vs_full"]
-    result = {"benchmark": "deepcache_dit_quality", "comfyui": comfyui_version(comfy_dir), "torch": torch.__version__,
-              "model": {"class": "comfy.ldm.flux.model.Flux", "config": DIGITS_FLUX, "parameters": parameters},
-              "images_per_setting": 10 * args.per_class, "steps": args.steps, "cfg": args.cfg,
-              "sampler": args.sampler, "scheduler": "simple", "repeats": args.repeats, "depth": args.depth,
-              "adaptive_interval": args.adaptive_interval, "classifier_accuracy_real": real_accuracy,
-              "torch_threads": torch.get_num_threads(), "settings": rows}
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "deepcache_dit_quality.json").write_text(json.dumps(result, indent=2))
-    if args.plot:
-        plot(args.plot, [r for r in rows if r["method"] != "full"],
-             f"digits Flux ({parameters / 1e6:.1f} M), {args.steps} steps euler, cfg {args.cfg:g}, "
-             f"{10 * args.per_class} images; labels: interval or threshold")
-        print(f"chart: {args.plot}")
     if args.grid:
         shown = [r["setting"] for r in rows if r["method"] == "full" or r["knob"] in (3, 0.2)]
         save_grid(args.grid, {name: generated[name] for name in shown})
         print(f"images: {args.grid} ({', '.join(shown)}, left to right)")
-
-
-if __name__ == "__main__":
-    main()
+    return ({"model": {"class": "comfy.ldm.flux.model.Flux", "config": DIGITS_FLUX, "parameters": parameters},
+             "images_per_setting": 10 * args.per_class, "steps": args.steps, "cfg": args.cfg,
+             "sampler": args.sampler, "scheduler": "simple", "repeats": args.repeats, "depth": args.depth,
+             "adaptive_interval": args.adaptive_interval, "classifier_accuracy_real": real_accuracy,
+             "torch_threads": torch.get_num_threads(), "settings": rows},
+            f"digits Flux ({parameters / 1e6:.1f} M), {args.steps} steps euler, cfg {args.cfg:g}, "
+            f"{10 * args.per_class} images; labels: interval or threshold")

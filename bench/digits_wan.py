@@ -1,55 +1,39 @@
-"""DeepCache on a trained video model, beside core ComfyUI's EasyCache and LazyCache: a small class-conditional
-Wan 2.1 (ComfyUI's own WanModel, built as comfy.supported_models.WAN21_T2V: dim 128, one head, ffn 256, 6 blocks)
-trained by flow matching on clips of scikit-learn's digits (8x8) moving and turning on a 16x16 canvas over 8
-frames, saved in ComfyUI's UNet layout, loaded by ComfyUI's UNETLoader and sampled by ComfyUI's own sampler.
-
-    python bench/deepcache_video_quality.py           # evaluate (trains first when the weights file is missing)
-    python bench/deepcache_video_quality.py --train   # train again (1400 steps, about 18 minutes on two cores)
+"""The video model of the DeepCache quality benchmark (bench/deepcache_quality.py --model wan): a small
+class-conditional Wan 2.1 (ComfyUI's own WanModel, built as comfy.supported_models.WAN21_T2V: dim 128, one head,
+ffn 256, 6 blocks) trained by flow matching on clips of scikit-learn's digits (8x8) moving and turning on a 16x16
+canvas over 8 frames (`--train`: 1400 steps, about 18 minutes on two cores), saved in ComfyUI's UNet layout,
+loaded by ComfyUI's UNETLoader and sampled by ComfyUI's own sampler.
 
 The weights are bench/assets/digits_wan21.safetensors (8 MiB, committed like the digits Flux; --weights elsewhere),
-loaded through a model folder added for it. Detection reads the file back as WAN21_T2V. Wan's latent has 16 channels: a fixed seeded stand-in
-"VAE" maps a frame to them (a unit vector over the channels, at the mean and spread of Wan 2.1's latent format)
-and back (its pseudo-inverse), so videos compare in pixel space. The class goes in as four context tokens of
-umT5's width (4096), an eleventh "no class" entry for the uncond side: cfg with cond and uncond batched.
-
-Every setting runs on the same model, seeds, sampler and steps, in this one process: full compute; DeepCache
-uniform at intervals 2, 3 and 5 and adaptive at three thresholds (0.2 is its default); core EasyCache and LazyCache
-at their default threshold (0.2) and two others. Per setting, against full compute at the same seeds (pixels in
-[0, 1]): PSNR and SSIM (Gaussian window 7, sigma 1.5) of every frame, mean and worst frame; the temporal error, PSNR
-of the frame-to-frame differences d_t = f(t+1) - f(t) (a static error cancels, flicker does not); the share of the
-blocks' compute skipped (block calls counted by forward pre-hooks, weighted by parameters) and the speedup it
-allows; wall time: after one untimed generation of every setting, --rounds rounds over all settings, each timing
-one generation of all the clips; the median, and the speedup against full compute's median.
-
-Training needs scikit-learn (bench/requirements.txt, in an environment of its own), evaluating an existing file
-does not. Results: bench/results/deepcache_video_quality.json; --plot draws PSNR against speedup per method,
---strip saves one clip's frames for full compute, DeepCache (adaptive 0.2, interval 3) and EasyCache 0.2.
+loaded through a model folder added for it. Detection reads the file back as WAN21_T2V. Wan's latent has 16
+channels: a fixed seeded stand-in "VAE" maps a frame to them (a unit vector over the channels, at the mean and
+spread of Wan 2.1's latent format) and back (its pseudo-inverse), so videos compare in pixel space. The class goes
+in as four context tokens of umT5's width (4096), an eleventh "no class" entry for the uncond side: cfg with cond
+and uncond batched. Training needs scikit-learn, evaluating an existing file does not.
 """
 from __future__ import annotations
 
-import argparse
 import functools
-import importlib.util
-import json
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
+import _path  # noqa: F401  (the project root on sys.path)
+from digits import NULL_CLASS, BlockWork, Trainer, digits, settings, trained_weights
+from tools.comfy_env import ROOT
+from tools.harness.sampling import sample
 
-from tools.comfy_env import comfyui_version, import_comfyui, load_pack  # noqa: E402
-
+NAME = "deepcache_video_quality"
 WEIGHTS = ROOT / "bench" / "assets" / "digits_wan21.safetensors"  # 8 MiB, committed as the other digits models are
+DEFAULTS = dict(train_steps=1400, batch=16, weights=WEIGHTS, steps=24, cfg=5.0, intervals=[2, 3, 5],
+                attention="pytorch")
 EXTRA = "accel_digits."  # the class tokens and training record: a prefix ComfyUI's UNet loader leaves out
 CANVAS = 16  # pixels (= latent positions: the stand-in VAE does not downsample)
 CHANNELS = 16  # Wan 2.1's latent channels
 CONTEXT_TOKENS = 4
 TEXT_DIM = 4096  # umT5's width, Wan's text_embedding input
-NULL_CLASS = 10
 # What detection reads back from the weights (comfy/model_detection.py: num_heads = dim // 128, the rest fixed for
 # Wan 2.1): one 128-wide head, 8 x 8 x 8 = 512 tokens for 8 frames at patch (1, 2, 2); 6 blocks, so that DeepCache
 # (first and last block live) skips 4 of 6 on a reused step.
@@ -126,7 +110,6 @@ def train(steps: int, batch: int, frames: int, seed: int = 0) -> dict:
     x_t = t * noise + (1 - t) * x0, the model predicts noise - x0 (ComfyUI's FLOW model type), t uniform through
     Wan's shifted schedule (shift 8, as the "simple" scheduler steps it); the class dropped 10 % of the time."""
     import torch
-    from deepcache_quality import Trainer, digits
     from tools.family_models import PREFIX, Family, check_detection
 
     torch.manual_seed(seed)
@@ -162,19 +145,14 @@ def train(steps: int, batch: int, frames: int, seed: int = 0) -> dict:
 def generate(patcher, tokens, vae, clips_per_digit: int, frames: int, steps: int, cfg: float, sampler: str):
     """`clips_per_digit` clips of each digit through ComfyUI's sampler, as KSampler calls it (digit d's seed is d,
     the same in every setting), decoded: (clips, frames, H, W) in [0, 1]."""
-    import comfy.sample
     import torch
 
     def cond(label):
         return [[tokens[label].view(1, CONTEXT_TOKENS, TEXT_DIM), {}]]
 
-    videos = []
-    for digit in range(10):
-        latent = torch.zeros(clips_per_digit, CHANNELS, frames, CANVAS, CANVAS)
-        noise = comfy.sample.prepare_noise(latent, digit)
-        videos.append(vae.decode(comfy.sample.sample(patcher, noise, steps, cfg, sampler, "simple", cond(digit),
-                                                     cond(NULL_CLASS), latent, disable_pbar=True, seed=digit)))
-    return torch.cat(videos)
+    return torch.cat([vae.decode(sample(patcher, (cond(digit), cond(NULL_CLASS)),
+                                        (clips_per_digit, CHANNELS, frames, CANVAS, CANVAS), steps, cfg, sampler,
+                                        "simple", seed=digit).out) for digit in range(10)])
 
 
 def frame_psnr(a, b):
@@ -221,46 +199,26 @@ def save_strip(path: Path, videos: dict, scale: int = 4) -> None:
     strip.save(path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train", action="store_true", help="train again even if the weights exist")
-    parser.add_argument("--train-steps", type=int, default=1400)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--weights", type=Path, default=WEIGHTS, help="the trained model's file")
-    parser.add_argument("--frames", type=int, default=8, help="latent frames per clip (training and sampling)")
-    parser.add_argument("--clips-per-digit", type=int, default=2, help="generated clips per digit (10 digits)")
-    parser.add_argument("--steps", type=int, default=24, help="sampling steps")
-    parser.add_argument("--cfg", type=float, default=5.0)
-    parser.add_argument("--sampler", default="euler", help="ComfyUI sampler name (euler, uni_pc, ...)")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds over all settings (median)")
-    parser.add_argument("--depth", type=int, default=0, help="DeepCache's cache_depth")
-    parser.add_argument("--intervals", type=int, nargs="+", default=[2, 3, 5])
-    parser.add_argument("--adaptive", type=float, nargs="+", default=[0.1, 0.2, 0.3])
-    parser.add_argument("--adaptive-interval", type=int, default=3, help="adaptive: cache_interval (reuse cap)")
-    parser.add_argument("--easycache", type=float, nargs="+", default=[0.1, 0.2, 0.4],
-                        help="EasyCache and LazyCache thresholds")
-    parser.add_argument("--attention", choices=["comfyui-default", "pytorch"], default="pytorch",
-                        help="ComfyUI's attention: SDPA (--use-pytorch-cross-attention) or its CPU default "
-                             "(sub-quadratic)")
-    parser.add_argument("--plot", type=Path, help="write the PSNR-against-speedup chart here (PNG)")
-    parser.add_argument("--strip", type=Path, help="save the first clip's frames in a few settings here (PNG)")
-    args = parser.parse_args()
+def needs_sklearn(args) -> bool:
+    return args.train or not args.weights.exists()  # training does, evaluating an existing file does not
 
-    comfy_dir = import_comfyui(cpu=True, use_pytorch_cross_attention=args.attention == "pytorch")
-    pack = load_pack()
+
+def evaluate(args, pack) -> tuple[dict, str]:
+    """Full compute, then each setting (digits.settings) on the same model, seeds, sampler and steps, in this one
+    process. Per setting, against full compute at the same seeds (pixels in [0, 1]): PSNR and SSIM (Gaussian window
+    7, sigma 1.5) of every frame, mean and worst frame; the temporal error, PSNR of the frame-to-frame differences
+    d_t = f(t+1) - f(t) (a static error cancels, flicker does not); the share of the blocks' compute skipped and the
+    speedup it allows; wall time: after one untimed generation of every setting, `--rounds` rounds over all
+    settings, each timing one generation of all the clips; the median, and the speedup against full compute's
+    median. `--strip` saves one clip's frames for full compute, DeepCache (adaptive 0.2, interval 3) and EasyCache
+    0.2. The result, and the chart's title."""
     import folder_paths
     import nodes
     import torch
-    from digits_flux import BlockWork, plot, settings
-    from deepcache_quality import trained_weights
 
     # where UNETLoader will look first, as an extra_model_paths.yaml entry would make it
     args.weights = args.weights.resolve()
     folder_paths.add_model_folder_path("diffusion_models", str(args.weights.parent), is_default=True)
-    if (args.train or not args.weights.exists()) and importlib.util.find_spec("sklearn") is None:
-        print("deepcache_video_quality skipped: training needs scikit-learn. Install bench/requirements.txt into an "
-              "environment of its own (not the project's .venv), see bench/README.md.")
-        return
     weights = trained_weights(args, functools.partial(train, frames=args.frames), {**DIGITS_WAN, "frames": args.frames},
                               "Wan 2.1")
     tokens = weights[EXTRA + "class_tokens"].view(NULL_CLASS + 1, CONTEXT_TOKENS, TEXT_DIM)
@@ -329,30 +287,19 @@ def main() -> None:
               f"{row['speedup_limit'] or 0:.2f}x | " + " | ".join(cells) + " |")
     print(f"\n{clips} clips x {args.frames} frames per setting; wall time: median of {args.rounds} interleaved "
           f"rounds, full compute {statistics.median(times[full]):.1f} s per generation")
-    result = {"benchmark": "deepcache_video_quality", "comfyui": comfyui_version(comfy_dir), "torch": torch.__version__,
-              "model": {"class": "comfy.ldm.wan.model.WanModel", "comfy_model": type(patcher.model).__name__,
-                        "detected_as": "WAN21_T2V", "config": DIGITS_WAN, "parameters": parameters,
-                        "file": args.weights.name, "context_tokens": CONTEXT_TOKENS,
-                        "training": {"steps": int(train_steps), "batch": int(train_batch), "frames": int(train_frames),
-                                     "seconds": train_seconds}},
-              "clips_per_setting": clips, "frames": args.frames, "canvas": CANVAS, "steps": args.steps,
-              "cfg": args.cfg, "sampler": args.sampler, "scheduler": "simple", "rounds": args.rounds,
-              "depth": args.depth, "adaptive_interval": args.adaptive_interval, "attention": args.attention,
-              "torch_threads": torch.get_num_threads(), "settings": rows}
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "deepcache_video_quality.json").write_text(json.dumps(result, indent=2))
-    if args.plot:
-        plot(args.plot, [r for r in rows if r["method"] != "full"],
-             f"digits Wan 2.1 video ({parameters / 1e6:.1f} M), {args.steps} steps {args.sampler}, cfg {args.cfg:g}, "
-             f"{clips} clips x {args.frames} frames; labels: interval or threshold")
-        print(f"chart: {args.plot}")
     if args.strip:
         shown = [n for n in ("full compute", "DeepCache adaptive 0.2", "DeepCache interval 3", "EasyCache 0.2")
                  if n in videos]
         save_strip(args.strip, {n: videos[n][0] for n in shown})
         print(f"frames of the first clip (digit 0): {args.strip} ({', '.join(shown)}, top to bottom)")
-
-
-if __name__ == "__main__":
-    main()
+    return ({"model": {"class": "comfy.ldm.wan.model.WanModel", "comfy_model": type(patcher.model).__name__,
+                       "detected_as": "WAN21_T2V", "config": DIGITS_WAN, "parameters": parameters,
+                       "file": args.weights.name, "context_tokens": CONTEXT_TOKENS,
+                       "training": {"steps": int(train_steps), "batch": int(train_batch), "frames": int(train_frames),
+                                    "seconds": train_seconds}},
+             "clips_per_setting": clips, "frames": args.frames, "canvas": CANVAS, "steps": args.steps,
+             "cfg": args.cfg, "sampler": args.sampler, "scheduler": "simple", "rounds": args.rounds,
+             "depth": args.depth, "adaptive_interval": args.adaptive_interval, "attention": args.attention,
+             "torch_threads": torch.get_num_threads(), "settings": rows},
+            f"digits Wan 2.1 video ({parameters / 1e6:.1f} M), {args.steps} steps {args.sampler}, cfg {args.cfg:g}, "
+            f"{clips} clips x {args.frames} frames; labels: interval or threshold")

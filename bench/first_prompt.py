@@ -16,7 +16,6 @@ compile child ends with it).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -24,13 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-sys.path.append(str(Path(__file__).resolve().parent))
-
-from report import missing_model_files, run_child, warm_up  # noqa: E402
-from report_output import machine  # noqa: E402
-from scenarios import BY_NAME, models  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from report import missing_model_files, run_child, warm_up
+from scenarios import BY_NAME, models
+from tools.harness import cli
+from tools.harness.machine import versions
+from tools.harness.results import results_path
 
 BOUND = 1.2  # the issue's: the first prompt with the pack at most 1.2x the same workflow without it
 
@@ -51,7 +49,7 @@ def measure(family: str, scenarios: list[str], rounds: int, quick: bool, tmp: Pa
 
 
 def markdown(results: dict, bench_models: dict, rounds: int, started: float, minutes: float, quick: bool) -> str:
-    info = machine()
+    info = versions()
     lines = ["# The first prompt after a cold start, with the pack and without it", "",
              f"`bench/first_prompt.py{' --quick' if quick else ''} --rounds {rounds}`, one run, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {minutes:.0f} min. Machine: "
@@ -76,11 +74,10 @@ def markdown(results: dict, bench_models: dict, rounds: int, started: float, min
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, rounds=5)
     parser.add_argument("--quick", action="store_true", help="the small models")
     parser.add_argument("--families", default="sd15,flux")
     parser.add_argument("--scenarios", default="eager,compile,compile_vae,compile_and_vae")
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     bench_models = {f: m for f, m in models(args.quick).items() if f in args.families.split(",")}
@@ -101,7 +98,7 @@ def main() -> None:
             names = [name for name in wanted if family in BY_NAME[name].families]
             results[family] = measure(family, names, args.rounds, args.quick, Path(tmp))
     text = markdown(results, bench_models, args.rounds, started, (time.time() - started) / 60, args.quick)
-    out = args.out or ROOT / "bench" / "results" / f"first_prompt{'_quick' if args.quick else ''}.md"
+    out = args.out or results_path(f"first_prompt{'_quick' if args.quick else ''}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")
     (out.with_suffix(".json")).write_text(json.dumps(results, indent=1))

@@ -14,16 +14,16 @@ and stopped), as a scale-up would start them.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.comfy_env import ROOT
+from tools.harness import cli
+from tools.harness.results import results_path
 
 SECRET = "bench-fleet-secret-0123456789"
 MODEL_TEXT = {"sd3": "the generated SD3 transformer (one block kind), 3 steps, cfg 4.5",
@@ -75,15 +75,15 @@ def fleet(count: int, store: bool, base: Path, model: str) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "fleet_cache.md")
     parser.add_argument("--counts", default="1,2,4")
     parser.add_argument("--model", choices=sorted(MODELS), default="sd3")
     args = parser.parse_args()
 
     import torch
-    from deepcache_speed import machine
     from tools.comfy_env import comfyui_dir, comfyui_version
+    from tools.harness.machine import cpu_model
 
     counts = [int(c) for c in args.counts.split(",")]
     rows = []
@@ -98,7 +98,7 @@ def main() -> None:
         "# A fleet compiles once: the compile cache on a shared Redis",
         "",
         f"`bench/fleet_cache.py`, one run, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
-        f"{minutes:.0f} min. Machine: {machine()}, no GPU; torch {torch.__version__}, ComfyUI "
+        f"{minutes:.0f} min. Machine: {cpu_model()}, no GPU; torch {torch.__version__}, ComfyUI "
         f"{comfyui_version(comfyui_dir())}, Debian's redis-server on the same machine (loopback).",
         "",
         "Each worker is a started ComfyUI server with an empty local compile cache. Its first prompt: "
@@ -128,8 +128,7 @@ def main() -> None:
                          f"{f'{statistics.median(later):.1f}' if later else '-'} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
-    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench" / "results" / f"fleet_cache_{args.model}.json").write_text(json.dumps(rows, indent=1))
+    results_path(f"fleet_cache_{args.model}.json").write_text(json.dumps(rows, indent=1))
     print("\n".join(lines))
 
 

@@ -7,10 +7,8 @@ budget (10 minutes), written to docs/benchmarks/gpu.md. Without a GPU it says so
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import shlex
 import signal
 import subprocess
@@ -22,12 +20,13 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-
-from tools.families import FAMILIES  # noqa: E402
-from tools.comfy_env import comfyui_dir, comfyui_version  # noqa: E402
-from tools.family_models import FLUX_BENCH  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.comfy_env import ROOT, comfyui_dir, comfyui_version
+from tools.families import FAMILIES
+from tools.family_models import FLUX_BENCH
+from tools.harness import cli
+from tools.harness.child import PREFIX, cache_env
+from tools.harness.machine import gpu_machine_lines
 
 NO_GPU = ("no CUDA GPU on this machine: nothing to run (bench/gpu.py checks only what a GPU can show; run it on a "
           "GPU machine)")
@@ -67,7 +66,7 @@ def table(header: str, rows: list[list]) -> list[str]:
 def json_lines(text: str) -> list[dict]:
     """The JSON objects a benchmark printed one a line (`RESULT {...}`, or a parent's per-variant lines)."""
     found = []
-    for line in (line.removeprefix("RESULT ").strip() for line in text.splitlines()):
+    for line in (line.removeprefix(PREFIX).strip() for line in text.splitlines()):
         if line.startswith("{") and line.endswith("}"):
             with suppress(ValueError):
                 found.append(json.loads(line))
@@ -228,9 +227,7 @@ def run_step(step: Step, end: float) -> list[dict]:
     compile workers, background children) when it ends or at `end`; output goes to files (a full pipe would
     stall a process nobody reads yet)."""
     with tempfile.TemporaryDirectory(prefix=f"accel-gpu-{step.name}-") as scratch:
-        env = dict(os.environ)
-        if step.shared_cache:
-            env |= {"TORCHINDUCTOR_CACHE_DIR": f"{scratch}/torch", "ACCEL_CACHE_DIR": f"{scratch}/accel"}
+        env = cache_env(Path(scratch)) if step.shared_cache else dict(os.environ)
 
         def launch(number: int, cmd: list[str]) -> dict:
             files = [open(f"{scratch}/{number}.{kind}", "w+") for kind in ("out", "err")]  # noqa: SIM115
@@ -266,27 +263,8 @@ def show(cmd: list[str], step: Step, scratch: str) -> str:
     return cache + shlex.join(["python", *cmd[1:]]).replace(scratch, "$SCRATCH")
 
 
-def machine() -> list[str]:
-    import torch
-
-    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
-    try:
-        gpu = subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        gpu = f"{torch.cuda.get_device_name()} (no nvidia-smi: driver unknown)"
-    try:
-        import triton
-    except ImportError:
-        triton = None
-    return [f"- **Machine:** {gpu} (name, driver, memory); {os.cpu_count()} CPU cores "
-            f"({len(os.sched_getaffinity(0))} usable), {platform.machine()}",
-            f"- **Versions:** Python {platform.python_version()}, torch {torch.__version__} (CUDA "
-            f"{torch.version.cuda}), triton {getattr(triton, '__version__', 'not installed')}, ComfyUI "
-            f"{comfyui_version()} ({comfyui_dir()})"]
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     parser.add_argument("--budget", type=float, default=600.0, help="seconds for every step together")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "gpu.md")
@@ -324,7 +302,7 @@ def main() -> int:
     head = [f"# GPU checks: `make bench-gpu` (bench/gpu.py), {time.strftime('%Y-%m-%d')}", "",
             f"Every check only a GPU can show, each step in processes of its own, within one {args.budget:.0f} s "
             f"budget (this run: {time.monotonic() - began:.0f} s). One run: every time is a single measurement.",
-            "", "## Setup", *machine(), "", "## Checks", *(f"- {state}: {what}" for state, what in checks)]
+            "", "## Setup", *gpu_machine_lines(), "", "## Checks", *(f"- {state}: {what}" for state, what in checks)]
     args.out.write_text("\n".join(head + doc) + "\n")
     print("\n".join(f"{state}: {what}" for state, what in checks) + f"\nwrote {args.out}")
     return 1 if any(state == "FAIL" for state, _ in checks) else 0

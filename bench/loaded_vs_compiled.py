@@ -10,25 +10,31 @@ steady samplings and, in the prompt thread, a sampler-sized `torch.cat` and `fil
 processes of the one GPU run, docs/benchmarks/gpu_h100.md), and report the thread diagnostic
 (`python -m accel doctor`'s). Rounds interleave the two, so the machine's drift falls on both; medians per side.
 
+`--one-process`: steady sampling through precompiled functions against the same kinds through Dynamo, in one
+process. Compile Model's defaults: its child compiles the kinds and saves them whole, this process loads them; then
+an "always compiled" clone samples, alternately served by those precompiled functions and, with them set aside,
+by Dynamo's own graphs of the same kinds (compiled here from torch's caches), with eager samplings in between:
+interleaved rounds, so the machine's drift falls on every side. Prints the medians (ACCEL_CACHE_DIR: an empty
+folder of your choice).
+
     .venv/bin/python bench/loaded_vs_compiled.py [--rounds 3] [--model accel-sd15-small.safetensors]
+    ACCEL_CACHE_DIR=/tmp/some-empty-dir .venv/bin/python bench/loaded_vs_compiled.py --one-process [--rounds 6]
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-sys.path.append(str(Path(__file__).resolve().parent))
-
-from tools.harness.child import run_result_process, write_report  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.harness import cli
+from tools.harness.child import cache_env, print_result, run_result_process
+from tools.harness.results import write_report
+from tools.harness.sampling import conditioning, sample
 
 
 def small_op_us(op, repeats: int = 300) -> float:
@@ -41,36 +47,33 @@ def small_op_us(op, repeats: int = 300) -> float:
     return statistics.median(times) * 1e6
 
 
-def run_process(side: str, model_name: str, steps: int, latent: int, samplings: int) -> dict:
+def load(model_name: str, latent: int, steps: int):
+    """The pack, the eager model, and sample(patcher) -> seconds: cfg 7, euler."""
     from tools.comfy_env import import_comfyui, load_pack
 
     import_comfyui(cpu=True)
-    import comfy.sample
     import nodes
-    import torch
 
     pack = load_pack().accel
-    engine = pack.compile
     (model,) = nodes.UNETLoader().load_unet(model_name, "default")
-    context = torch.randn(1, 77, 768, generator=torch.Generator().manual_seed(0))
-    latent_image = torch.zeros(1, 4, latent, latent)
+    conds = conditioning()
+    return pack, model, lambda patcher: sample(patcher, conds, (1, 4, latent, latent), steps, 7.0).seconds
 
-    def sample(patcher) -> float:
-        start = time.perf_counter()
-        comfy.sample.sample(patcher, comfy.sample.prepare_noise(latent_image, 0), steps, 7.0, "euler", "normal",
-                            [[context, {}]], [[torch.zeros_like(context), {}]], latent_image, disable_pbar=True,
-                            seed=0)
-        return time.perf_counter() - start
 
+def run_process(side: str, model_name: str, steps: int, latent: int, samplings: int) -> dict:
+    import torch
+
+    pack, model, sample_s = load(model_name, latent, steps)
+    engine = pack.compile
     always = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
     if side == "loaded":  # a restarted ComfyUI: the defaults find the kinds in the cache and load them off-path
-        sample(engine.compile_model(model, engine.CompileOptions()))
+        sample_s(engine.compile_model(model, engine.CompileOptions()))
         engine.background.BACKGROUND.wait(timeout=900)
     from torch._dynamo.utils import counters
 
-    sample(always)  # compiles (compiled) or is already loaded (loaded)
+    sample_s(always)  # compiles (compiled) or is already loaded (loaded)
     frames = counters["frames"]["ok"]
-    times = [sample(always) for _ in range(samplings)]
+    times = [sample_s(always) for _ in range(samplings)]
     a, b = torch.randn(1, 77, 4096), torch.randn(1, 77, 4096)
     filled = torch.empty(1, 77, 4096)
     return {"side": side, "sampling_s": times, "median_sampling_s": statistics.median(times),
@@ -82,28 +85,55 @@ def run_process(side: str, model_name: str, steps: int, latent: int, samplings: 
             "precompiled_calls": sum(k["precompiled"]["calls"] for k in engine.REGISTRY.stats()["kinds"])}
 
 
+def one_process(model_name: str, rounds: int) -> None:
+    """Precompiled functions against Dynamo's graphs of the same kinds, eager between, in this process."""
+    pack, model, sample_s = load(model_name, 32, 4)
+    engine = pack.compile
+    defaults = engine.compile_model(model, engine.CompileOptions())
+    sample_s(defaults)
+    engine.background.BACKGROUND.wait(timeout=900)
+    sample_s(defaults)
+    always = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
+    sample_s(always)
+    entries = list(engine.REGISTRY._entries.values())
+    saved = {id(e): e.precompiled.functions for e in entries}
+
+    def serve_precompiled(yes: bool) -> None:
+        for entry in entries:
+            entry.precompiled.functions = saved[id(entry)] if yes else {}
+
+    serve_precompiled(False)
+    sample_s(always)  # Dynamo makes its graphs of the same kinds (from torch's caches)
+    times = {"precompiled": [], "dynamo": [], "eager": []}
+    for _ in range(rounds):
+        serve_precompiled(True)
+        times["precompiled"].append(sample_s(always))
+        serve_precompiled(False)
+        times["dynamo"].append(sample_s(always))
+        times["eager"].append(sample_s(model))
+    medians = {side: statistics.median(values) for side, values in times.items()}
+    for side, values in times.items():
+        print(f"{side}: median {medians[side]:.3f} s {[round(v, 3) for v in values]}")
+    print(f"precompiled / dynamo: {medians['precompiled'] / medians['dynamo']:.3f}")
+    print("kinds (label, Dynamo frames, precompiled calls):",
+          [(e.kind.label, e.compiles, e.precompiled.calls) for e in entries])
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="accel-sd15-small.safetensors")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--latent", type=int, default=32)
+    parser = cli.parser(__doc__, child=True, model="accel-sd15-small.safetensors", steps=4, latent=32, rounds=None)
     parser.add_argument("--samplings", type=int, default=5, help="timed steady samplings per process")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--one-process", action="store_true",
+                        help="precompiled functions against Dynamo's graphs in one process")
     args = parser.parse_args()
-    child_args = ["--model", args.model, "--steps", str(args.steps), "--latent", str(args.latent),
-                  "--samplings", str(args.samplings)]
+    if args.one_process:
+        return one_process(args.model, args.rounds or 6)
     if args.child:
-        print("RESULT " + json.dumps(run_process(args.child, args.model, args.steps, args.latent, args.samplings)),
-              flush=True)
-        return
+        return print_result(run_process(args.child, args.model, args.steps, args.latent, args.samplings))
     rounds = []
-    for number in range(args.rounds):
+    for _ in range(args.rounds or 3):
         with tempfile.TemporaryDirectory(prefix="accel-bench-loaded-") as cache:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(cache) / "torch"),
-                   "ACCEL_CACHE_DIR": str(Path(cache) / "accel")}
-            pair = {side: run_result_process([sys.executable, __file__, "--child", side, *child_args], env, side)
-                    for side in ("compiled", "loaded")}
+            pair = {side: run_result_process([sys.executable, __file__, "--child", side, *sys.argv[1:]],
+                                             cache_env(Path(cache)), side) for side in ("compiled", "loaded")}
         rounds.append(pair)
         print(json.dumps({side: {k: pair[side][k] for k in ("median_sampling_s", "cat_us", "fill_us",
                                                               "frames_while_timing")} for side in pair}), flush=True)

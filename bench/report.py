@@ -14,31 +14,27 @@ and versions): each model's table stays one run, and the report says which run (
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-sys.path.append(str(Path(__file__).resolve().parent))
-
-from tools.harness.child import run_result_process  # noqa: E402
-from report_output import write_report  # noqa: E402
-from scenarios import BY_NAME, SCENARIOS, models  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from report_output import write_report
+from scenarios import BY_NAME, SCENARIOS, models
+from tools.comfy_env import ROOT
+from tools.harness import cli
+from tools.harness.child import cache_env, run_result_process
 
 CHILD = Path(__file__).resolve().parent / "report_child.py"
 
 
 def run_child(scenario: str, family: str, phase: str, cache: Path, outputs: Path, quick: bool) -> dict:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "torch"), "ACCEL_CACHE_DIR": str(cache / "accel")}
     command = [sys.executable, str(CHILD), scenario, family, phase, str(outputs), *(["--quick"] if quick else [])]
     start = time.perf_counter()
-    result = run_result_process(command, env, f"{family}/{scenario} ({phase})")
+    result = run_result_process(command, cache_env(cache), f"{family}/{scenario} ({phase})")
     result["process_s"] = time.perf_counter() - start
     return result
 
@@ -62,7 +58,7 @@ def quality(outputs: Path, family: str, scenario: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="the small models (make bench-quick)")
     parser.add_argument("--out", help="where REPORT.md and its charts go (default: docs/benchmarks, or "
                                       "bench/results/quick with --quick)")
@@ -169,13 +165,14 @@ def kept_families(out: Path, rerun: set[str], quick: bool) -> dict:
     """The runs of the report in `out` for the models not run again (--update), with when they were measured.
     Refuses a report of another machine or versions, or of the other model sizes (quick or full): its tables
     would not compare with the new ones."""
-    from report_output import family_measured, machine
+    from report_output import family_measured
+    from tools.harness.machine import versions
 
     path = out / "report.json"
     if not path.exists():
         sys.exit(f"--update: no report.json in {out} to keep tables from; run without --update")
     data = json.loads(path.read_text())
-    differs = {k: (data.get(k), v) for k, v in {**machine(), "quick": quick}.items() if data.get(k) != v}
+    differs = {k: (data.get(k), v) for k, v in {**versions(), "quick": quick}.items() if data.get(k) != v}
     if differs:
         sys.exit(f"--update: the report in {out} was measured elsewhere ({differs}); run every model without "
                  "--update")

@@ -12,39 +12,25 @@ prints one line `RESULT <json>`; the final latent (and image) of the last prompt
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 STARTED = time.perf_counter()
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-sys.path.append(str(Path(__file__).resolve().parent))
 
+import _path  # noqa: F401, E402  (the project root on sys.path)
 import compile_model  # noqa: E402
-from tools.harness.memory import peak_mib  # noqa: E402
 from scenarios import BY_NAME, BenchModel, models  # noqa: E402
-from tools.harness.sampling import synced_clock  # noqa: E402
+from tools.harness.child import print_result  # noqa: E402
+from tools.harness.memory import peak_mib  # noqa: E402
+from tools.harness.sampling import conditioning, sample, synced_clock  # noqa: E402
 
 STEADY_PROMPTS = 3  # after the prompt that loads the background child's graphs
 # Each steady prompt of a scenario with nodes is followed by the same workflow without them (the loaders' own
 # model and VAE) in the same process: a speed ratio that machine-wide drift between processes cannot skew (on the
 # 2-core test CPU eager's own steady sampling of the small SD1.5 UNet, 6 steps, varied 0.86 to 1.39 s between
 # processes; torch 2.11.0+cu130, ComfyUI 0.3.75, 2026-11-23).
-
-
-def conditioning(family: str):
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    if family == "flux":  # T5-width prompt states, pooled CLIP-L, guidance as an input (cfg 1)
-        context = torch.randn(1, 77, 4096, generator=generator)
-        positive = [[context, {"pooled_output": torch.randn(1, 768, generator=generator), "guidance": 3.5}]]
-        return positive, [[torch.zeros_like(context), {"pooled_output": torch.zeros(1, 768), "guidance": 3.5}]]
-    context = torch.randn(1, 77, 768, generator=generator)
-    return [[context, {}]], [[torch.zeros_like(context), {}]]
 
 
 def apply_node(step: str, model, vae, pack):
@@ -72,28 +58,21 @@ class Prompt:
 
     def __init__(self, bench: BenchModel, model, vae):
         self.bench, self.model, self.vae = bench, model, vae
-        self.positive, self.negative = conditioning(bench.family)
+        # T5-width prompt states, pooled CLIP-L and guidance as inputs for Flux (cfg 1); CLIP's for SD1.5
+        self.conds = conditioning(4096, pooled=True) if bench.family == "flux" else conditioning()
 
     def run(self, model=None, vae=None) -> dict:
-        import comfy.sample
         import nodes
-        import torch
 
         bench = self.bench
-        channels = 16 if bench.family == "flux" else 4
-        latent = torch.zeros(1, channels, bench.latent, bench.latent)
-        noise = comfy.sample.prepare_noise(latent, 0)
-        start = time.perf_counter()
-        stamps = [start]
-        samples = comfy.sample.sample(model or self.model, noise, bench.steps, bench.cfg, "euler", "normal",
-                                      self.positive, self.negative, latent, disable_pbar=True, seed=0,
-                                      callback=lambda *a: stamps.append(synced_clock()))
-        sampled = synced_clock()
+        shape = (1, 16 if bench.family == "flux" else 4, bench.latent, bench.latent)
+        sampled = sample(model or self.model, self.conds, shape, bench.steps, bench.cfg)
+        decoding = time.perf_counter()  # the sampling's clock waited for the GPU
         vae = vae or self.vae
-        image = nodes.VAEDecode().decode(vae, {"samples": samples})[0] if vae is not None else None
-        done = synced_clock()
-        return {"sampling_s": sampled - start, "decode_s": done - sampled, "prompt_s": done - start,
-                "step_s": [b - a for a, b in zip(stamps, stamps[1:])], "samples": samples, "image": image}
+        image = nodes.VAEDecode().decode(vae, {"samples": sampled.out})[0] if vae is not None else None
+        decode_s = synced_clock() - decoding
+        return {"sampling_s": sampled.seconds, "decode_s": decode_s, "prompt_s": sampled.seconds + decode_s,
+                "step_s": sampled.step_s, "samples": sampled.out, "image": image}
 
 
 def frames() -> int:
@@ -210,4 +189,4 @@ def swap(prompt: Prompt, bench: BenchModel, pack) -> dict:
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--quick"]
-    print("RESULT " + json.dumps(run(*args[:3], Path(args[3]), "--quick" in sys.argv)), flush=True)
+    print_result(run(*args[:3], Path(args[3]), "--quick" in sys.argv))

@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import platform
 from pathlib import Path
+
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.harness.machine import versions
 
 HEADLINE_CHART = "report_headline.png"  # first prompt and steady speed against eager: the README shows it
 QUALITY_CHART = "report_quality_speed.png"
 FIRST_PROMPT_BOUND = 1.2  # issue #13: the first prompt with the pack takes at most 1.2x eager's
-
-
-def machine() -> dict:
-    import torch
-
-    from tools.comfy_env import comfyui_version
-
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {gpu}", "python": platform.python_version(),
-            "torch": torch.__version__, "comfyui": comfyui_version()}
 
 
 def with_ratios(runs: list[dict]) -> list[dict]:
@@ -258,7 +249,7 @@ def write_report(out: Path, runs: list[dict], skipped: list[dict], bench_models:
     """`measured`: for each model, when its runs were measured ({"date", "wall_s", "models"}: the date, the
     length of that run and the models it ran)."""
     out.mkdir(parents=True, exist_ok=True)
-    info = info or {**machine(), "date": datetime.date.today().isoformat()}
+    info = info or {**versions(), "date": datetime.date.today().isoformat()}
     runs = with_ratios(runs)
     titles = {family: bench_models[family].label for family in bench_models}
     headline_chart(out / HEADLINE_CHART, runs, titles)
@@ -285,6 +276,4 @@ def rerender(out: Path) -> Path:
 if __name__ == "__main__":  # python bench/report_output.py DIR: re-render DIR's report from its report.json
     import sys
 
-    sys.path.append(str(Path(__file__).resolve().parent.parent))
-    sys.path.append(str(Path(__file__).resolve().parent))
     print(f"wrote {rerender(Path(sys.argv[1]))}")

@@ -14,16 +14,15 @@ after the last prompt against the fifth.
 """
 from __future__ import annotations
 
-import argparse
 import platform
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.comfy_env import ROOT
+from tools.harness import cli
 
 PROMPTS = 30
 
@@ -44,13 +43,13 @@ def compiles_in_prompts(server) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "soak.md")
     parser.add_argument("--seed", type=int, default=0, help="the order of the prompts")
     args = parser.parse_args()
 
     import torch
-    from deepcache_speed import machine
+    from tools.harness.machine import cpu_model
     from tools.soak_prompts import CONFIGS, EAGER, cold_compiles, rss_mb, server_of, wait_for_background
     from tools.comfy_env import comfyui_version
 
@@ -100,7 +99,7 @@ def main() -> None:
         "# Soak: 30 mixed prompts on one server against each prompt alone in a fresh server",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} by `python bench/soak.py --seed {args.seed}`: "
-        f"{machine()}, torch {torch.__version__}, Python {platform.python_version()}, "
+        f"{cpu_model()}, torch {torch.__version__}, Python {platform.python_version()}, "
         f"ComfyUI {comfyui_version()}, on the CPU (no GPU). "
         f"The whole run took {time.time() - started:.0f} s.",
         "",

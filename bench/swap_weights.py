@@ -22,18 +22,14 @@ VRAM numbers; this script measures the CPU only.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-sys.path.append(str(Path(__file__).resolve().parent))
-
-from tools.harness.child import run_variants, write_report  # noqa: E402
-from tools.harness.memory import peak_mib, reset_peak, rss_mib  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.harness import cli
+from tools.harness.child import print_result, run_variants
+from tools.harness.memory import peak_mib, reset_peak, rss_mib
+from tools.harness.results import write_report
+from tools.harness.sampling import conditioning, sample
 
 VARIANTS = ("read-copy", "stock", "accel", "accel-spill")
 
@@ -44,21 +40,15 @@ def run_variant(variant: str, name_a: str, name_b: str, steps: int, latent: int)
 
     import_comfyui(cpu=True)
     import comfy.model_management
-    import comfy.sample
     import comfy.utils
     import folder_paths
     import nodes
-    import torch
     from torch._dynamo.utils import counters
 
-    context = torch.randn(1, 77, 768, generator=torch.Generator().manual_seed(0))
+    conds = conditioning()
 
-    def sample(model) -> float:
-        start = time.perf_counter()
-        latent_image = torch.zeros(1, 4, latent, latent)
-        comfy.sample.sample(model, comfy.sample.prepare_noise(latent_image, 0), steps, 7.0, "euler", "normal",
-                            [[context, {}]], [[torch.zeros_like(context), {}]], latent_image, disable_pbar=True, seed=0)
-        return time.perf_counter() - start
+    def sample_s(model) -> float:
+        return sample(model, conds, (1, 4, latent, latent), steps, 7.0).seconds
 
     (model_a,) = nodes.UNETLoader().load_unet(name_a, "default")
     result = {"variant": variant}
@@ -91,8 +81,8 @@ def run_variant(variant: str, name_a: str, name_b: str, steps: int, latent: int)
             return engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
 
     model_a = compiled(model_a)
-    result["first_sample_a_s"] = sample(model_a)  # compiles
-    result["steady_sample_s"] = sample(model_a)
+    result["first_sample_a_s"] = sample_s(model_a)  # compiles
+    result["steady_sample_s"] = sample_s(model_a)
     result["steady_rss_mib"] = rss_mib()
     frames = counters["frames"]["ok"]
 
@@ -111,12 +101,12 @@ def run_variant(variant: str, name_a: str, name_b: str, steps: int, latent: int)
         model_b = node.apply(model_a, name_b, prompt=workflow if variant == "accel" else None, unique_id="3")[0]
     comfy.model_management.load_models_gpu([model_b])
     result["switch_load_s"] = time.perf_counter() - start
-    result["first_sample_b_s"] = sample(model_b)
+    result["first_sample_b_s"] = sample_s(model_b)
     result["switch_total_s"] = time.perf_counter() - start
     result["compiles_during_switch"] = counters["frames"]["ok"] - frames
     result["peak_rss_during_mib"] = peak_mib()
     result["rss_after_mib"] = rss_mib()
-    result["steady_sample_b_s"] = sample(model_b)
+    result["steady_sample_b_s"] = sample_s(model_b)
     if variant != "stock":
         swaps = [e for e in pack.accel.telemetry.snapshot()["events"] if e["action"] == "swapped"]
         result["swap"] = {k: swaps[-1][k] for k in ("seconds", "tensors", "bytes", "spilled", "origin")}
@@ -148,20 +138,14 @@ def ratios(by: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, child=True, steps=2, latent=16, variants=",".join(VARIANTS))
     parser.add_argument("--a", default="accel-sd15-a.safetensors")
     parser.add_argument("--b", default="accel-sd15-b.safetensors")
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--latent", type=int, default=16)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(run_variant(args.child, args.a, args.b, args.steps, args.latent)), flush=True)
-        return
+        return print_result(run_variant(args.child, args.a, args.b, args.steps, args.latent))
 
-    results = run_variants(__file__, args.variants.split(","), ["--a", args.a, "--b", args.b, "--steps",
-                                                                str(args.steps), "--latent", str(args.latent)])
+    results = run_variants(__file__, args.variants.split(","))
 
     write_report("swap_weights", {"a": args.a, "b": args.b, "latent": args.latent, "cfg_batch": 2,
                                   "steps": args.steps, "results": results,

@@ -13,20 +13,16 @@ what each node adds at this token count).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-sys.path.append(str(Path(__file__).resolve().parent))
-
-from tools.harness.child import run_variants, write_report  # noqa: E402
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.comfy_env import ROOT
+from tools.harness import cli
+from tools.harness.child import print_result, run_variants
+from tools.harness.memory import peak_mib
+from tools.harness.results import write_report
+from tools.harness.sampling import conditioning, sample
 
 SCENARIOS = ("eager", "compile", "deepcache", "compile+deepcache")
-TRAINED = ROOT / "bench" / "assets" / "digits_wan21.safetensors"  # bench/deepcache_video_quality.py
+TRAINED = ROOT / "bench" / "assets" / "digits_wan21.safetensors"  # bench/digits_wan.py trained it
 BOUND = 1.05
 
 
@@ -36,9 +32,6 @@ def latent_shape(width: int, height: int, frames: int) -> tuple[int, ...]:
 
 
 def run_scenario(scenario: str, args) -> dict:
-    import torch
-
-    from tools.harness.memory import peak_mib
     from tools.comfy_env import import_comfyui, load_pack
 
     import_comfyui(cpu=True)
@@ -53,44 +46,26 @@ def run_scenario(scenario: str, args) -> dict:
     if "deepcache" in scenario:
         (model,) = pack.nodes.deepcache.DeepCache().apply(model, 3, 0, 0.0, 1.0, "uniform")
     shape = latent_shape(args.width, args.height, args.frames)
-    gen = torch.Generator().manual_seed(0)
-    context = torch.randn(1, 77, 4096, generator=gen)
-    positive, negative = [[context, {}]], [[torch.zeros_like(context), {}]]
-
-    def sample() -> float:
-        import comfy.sample
-
-        latent = torch.zeros(shape)
-        noise = comfy.sample.prepare_noise(latent, 0)
-        start = time.perf_counter()
-        comfy.sample.sample(model, noise, args.steps, 5.0, "euler", "normal", positive, negative, latent,
-                            disable_pbar=True, seed=0)
-        return time.perf_counter() - start
-
-    first = sample()
+    conds = conditioning(4096)
+    first = sample(model, conds, shape, args.steps, 5.0).seconds
     background = pack.accel.compile.background.BACKGROUND
     background.wait(timeout=1800)
-    second = sample()
+    second = sample(model, conds, shape, args.steps, 5.0).seconds
     children = [job.get("peak_rss_mib") for job in background.stats()["finished"]]
     return {"scenario": scenario, "model": TRAINED.name, "latent": list(shape), "first_s": round(first, 2),
             "second_s": round(second, 2), "peak_rss_mib": round(peak_mib()), "child_peak_rss_mib": children}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3)
+    parser = cli.parser(__doc__, child=True, steps=3)
     parser.add_argument("--frames", type=int, default=33)
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(run_scenario(args.child, args)), flush=True)
-        return
-    child_args = ["--steps", str(args.steps), "--frames", str(args.frames), "--width", str(args.width),
-                  "--height", str(args.height)]
-    results = run_variants(__file__, args.scenarios.split(","), child_args)
+        return print_result(run_scenario(args.child, args))
+    results = run_variants(__file__, args.scenarios.split(","))
     eager = next(r for r in results if r["scenario"] == "eager")["peak_rss_mib"]
     ratios = {r["scenario"]: round(r["peak_rss_mib"] / eager, 3) for r in results}
     write_report("video_memory", {"settings": vars(args), "results": results, "ratios": ratios})

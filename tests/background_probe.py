@@ -18,7 +18,6 @@ the registry's stats.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ sys.path.append(str(ROOT))
 sys.path.append(str(ROOT / "tests"))
 
 from tools.comfy_env import load_pack  # noqa: E402
+from tools.harness.child import print_result  # noqa: E402
 
 
 def main() -> None:
@@ -97,7 +97,7 @@ def main() -> None:
     third_shape = {"tokens": 3 * family.tokens, "latent_shape": (*shape[:-1], 3 * shape[-1])}
     run("third shape", compiled, sample(model, family, steps=args.steps, **third_shape), **third_shape)
     result["third_shape_stats"] = engine.REGISTRY.stats()
-    print("RESULT " + json.dumps(result, default=str), flush=True)
+    print_result(result, default=str)
 
 
 if __name__ == "__main__":

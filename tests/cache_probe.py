@@ -14,7 +14,6 @@ loaded to after it compiled and sampled (nothing may: the pack's settings live i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ sys.path.append(str(ROOT))
 sys.path.append(str(ROOT / "tests"))
 
 from tools.comfy_env import import_comfyui, load_pack  # noqa: E402
+from tools.harness.child import print_result  # noqa: E402
 
 
 def main() -> None:
@@ -68,10 +68,8 @@ def main() -> None:
     if args.save_output:
         torch.save(out, args.save_output)
     stats = engine.REGISTRY.stats()
-    print("RESULT " + json.dumps({"frames": dynamo_frames(), **stats["totals"],
-                                  "compile_cache": stats["compile_cache"],
-                                  "paths": {k["kind"]: k["path"] for k in stats["kinds"]},
-                                  "torch_state_changes": changed}), flush=True)
+    print_result({"frames": dynamo_frames(), **stats["totals"], "compile_cache": stats["compile_cache"],
+                  "paths": {k["kind"]: k["path"] for k in stats["kinds"]}, "torch_state_changes": changed})
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 test_cache_faults.py do: LTX-Video (one block kind: a short compile) through Compile Model, "always compiled"."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tools.harness.child import read_result
 
 PROBE = Path(__file__).with_name("cache_probe.py")
 FAMILY = "ltxv"
@@ -24,9 +25,9 @@ def start_probe(cache: Path, out: Path, eager: Path | None = None) -> subprocess
 def result_of(probe: subprocess.Popen) -> tuple[dict, str]:
     """The probe's report (its RESULT line) and its stderr, once it ended well."""
     stdout, stderr = probe.communicate(timeout=900)
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    assert probe.returncode == 0 and lines, stderr[-4000:]
-    return json.loads(lines[0][len("RESULT "):]), stderr
+    result = read_result(stdout)
+    assert probe.returncode == 0 and result is not None, stderr[-4000:]
+    return result, stderr
 
 
 def run_probe(cache: Path, out: Path, eager: Path | None = None) -> tuple[dict, str]:

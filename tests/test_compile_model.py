@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from compile_helpers import SMALL_B, apply_model, assert_close_to_eager, dynamo_frames, load, own_kinds, sample
+from tools.harness.child import read_result
 
 
 @pytest.fixture(scope="module")
@@ -371,7 +372,7 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
     proc = subprocess.run([sys.executable, str(BACKGROUND_PROBE)], capture_output=True, text=True, env=env,
                           timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    result = read_result(proc.stdout)
     while_compiling, queued, after_child, warm, other_after = result["samplings"][:5]
     # Blocks waiting for a child run eagerly. LTXV's eager CPU kernels differed from their own earlier run in
     # the last bits once here (9.5e-6 of 6.4, in one run of several), so the check is to 1e-5 of the output's
@@ -560,7 +561,7 @@ def test_compile_vae_defaults_compile_off_the_first_decode(engine, tmp_path):
         proc = subprocess.run([sys.executable, str(VAE_BACKGROUND_PROBE)], capture_output=True, text=True,
                               env={**env, **more_env}, timeout=900)
         assert proc.returncode == 0, proc.stderr[-4000:]
-        return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+        return read_result(proc.stdout)
 
     def assert_loaded_whole(later: list[dict], wait: dict, kinds: list[dict]) -> None:
         """The child's graphs served as precompiled functions: no Dynamo frame in this process."""

@@ -10,7 +10,6 @@ and each output's largest difference from eager.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ sys.path.append(str(ROOT))
 sys.path.append(str(ROOT / "tests"))
 
 from tools.comfy_env import load_pack  # noqa: E402
+from tools.harness.child import print_result  # noqa: E402
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
     engine.kind_choice.FASTER_MARGIN = engine.auto_mode.WHOLE_CALL_MARGIN = 100.0
     with torch.inference_mode():  # as in ComfyUI's executor
         result = decode_and_report(engine)
-    print("RESULT " + json.dumps(result), flush=True)
+    print_result(result)
 
 
 def decode_and_report(engine) -> dict:

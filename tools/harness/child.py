@@ -1,10 +1,11 @@
-"""Run benchmark variants each in a fresh process with empty compile caches of its own.
+"""The child-process protocol of the benchmarks and of the tests' probes: a script run in a fresh process prints
+one line `RESULT <json>`; the parent runs it and reads that line.
 
-A fresh process gives honest peak RSS, and empty caches mean "cold" is cold for every variant: torch's inductor
-cache (TORCHINDUCTOR_CACHE_DIR, used by eager and the core node) and the pack's persistent cache (ACCEL_CACHE_DIR)
-both point into a temporary directory. `shared_cache` gives every variant the same directory instead, for
-measuring a second process on the first one's cache. The script is re-run as `script --child VARIANT ...` and
-must print one line `RESULT <json>`.
+A benchmark re-runs itself as `script --child VARIANT ...` (cli.parser's hidden option), one fresh process per
+variant. A fresh process gives honest peak RSS, and empty caches mean "cold" is cold for every variant: torch's
+inductor cache (TORCHINDUCTOR_CACHE_DIR, used by eager and the core node) and the pack's persistent cache
+(ACCEL_CACHE_DIR) both point into a temporary directory (`cache_env`). `shared_cache` gives every variant the same
+directory instead, for measuring a second process on the first one's cache.
 """
 from __future__ import annotations
 
@@ -16,46 +17,47 @@ import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
+PREFIX = "RESULT "
+
+
+def print_result(result: dict, **json_args) -> None:
+    """The child's side: its one result line (`json_args` for json.dumps, e.g. default=str)."""
+    print(PREFIX + json.dumps(result, **json_args), flush=True)
+
+
+def read_result(stdout: str) -> dict | None:
+    """The parent's side: the JSON of the first `RESULT <json>` line of a child's output, None without one."""
+    lines = [line for line in stdout.splitlines() if line.startswith(PREFIX)]
+    return json.loads(lines[0][len(PREFIX):]) if lines else None
+
+
+def cache_env(cache: Path, env: dict | None = None) -> dict:
+    """`env` (default: this process's) with torch's inductor cache and the pack's cache in `cache`."""
+    return {**(os.environ if env is None else env), "TORCHINDUCTOR_CACHE_DIR": str(cache / "torch"),
+            "ACCEL_CACHE_DIR": str(cache / "accel")}
+
 
 def run_result_process(command: list[str], env: dict, label: str) -> dict:
-    """Run a benchmark child process and return the JSON of its one `RESULT <json>` line; stop the benchmark
-    with the child's error output when it fails."""
+    """Run a benchmark child process and return its result; stop the benchmark with the child's error output when
+    it fails."""
     proc = subprocess.run(command, capture_output=True, text=True, env=env)
-    line = [out for out in proc.stdout.splitlines() if out.startswith("RESULT ")]
-    if proc.returncode or not line:
+    result = read_result(proc.stdout)
+    if proc.returncode or result is None:
         raise SystemExit(f"{label} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(line[0][len("RESULT "):])
+    return result
 
 
-def run_variants(script: str, variants: list[str], child_args: list[str], shared_cache: bool = False) -> list[dict]:
+def run_variants(script: str, variants: list[str], child_args: list[str] | None = None,
+                 shared_cache: bool = False) -> list[dict]:
+    """Each variant's result from `script --child VARIANT *child_args` (default: this process's own arguments),
+    in turn, each on empty caches of its own (or, with `shared_cache`, all on one)."""
+    child_args = sys.argv[1:] if child_args is None else child_args
     results = []
     shared_dir = tempfile.TemporaryDirectory(prefix="accel-bench-shared-") if shared_cache else nullcontext()
     with shared_dir as shared:
         for variant in variants:
             with tempfile.TemporaryDirectory(prefix="accel-bench-cache-") as own:
-                cache = Path(shared or own)
-                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "torch"),
-                       "ACCEL_CACHE_DIR": str(cache / "accel")}
-                results.append(run_result_process([sys.executable, script, "--child", variant, *child_args],
-                                                  env, variant))
+                command = [sys.executable, script, "--child", variant, *child_args]
+                results.append(run_result_process(command, cache_env(Path(shared or own)), variant))
             print(json.dumps(results[-1]), flush=True)
     return results
-
-
-def write_report(name: str, report: dict) -> dict:
-    """Add the machine and versions to `report`, write it to bench/results/<name>.json, print its ratios."""
-    import platform
-
-    import torch
-
-    from tools.comfy_env import ROOT, comfyui_version
-
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    report = {"benchmark": name, **report,
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, {gpu}", "torch": torch.__version__,
-              "comfyui": comfyui_version(), "python": platform.python_version()}
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report.get("ratios", {}), indent=2))
-    return report
