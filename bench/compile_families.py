@@ -7,7 +7,7 @@ eager; Compile Model's defaults (choose=auto: first sampling, the background chi
 graphs, steady); choose=always compiled. Reports per family the seconds of each first sampling, steady seconds per
 step, compiles on the repeat, each output's largest error relative to eager's largest value, and the path auto
 mode chose for each kind. The models are tiny: the timings say what compiling costs, not what it buys on a real
-model (bench/compile_flux.py measures that at full width).
+model (bench/compile_model.py --family flux measures that at full width).
 
     python bench/compile_families.py [--families flux,wan21] [--steps 4] [--scale 2] [--rounds 5 --core]
 

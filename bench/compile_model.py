@@ -8,31 +8,50 @@ the script waits for the child process after the first sampling, then times one 
 loads the child's graphs) before the steady run, and reports both and the child's wall time and peak RSS.
 `--variants eager` alone is the eager baseline the other benchmarks are measured against.
 
-`--steady`: steady speed of each compiled variant against eager, in one process, the two interleaved. On a shared
-2-core machine one process can run 20% faster or slower than the next, which swamps a comparison of steady
-seconds per step made across processes: each variant's process samples its compiled MODEL and the eager one it was
-made from (same weights) in alternating `--rounds`, after two warm-up runs of each, and reports the median seconds
-per step of each and their ratio. The variants share one compile cache directory (this is about speed, not cold
-start). Results: bench/results/compile_steady.json (compile_model.json without it).
+`--family flux`: the benchmark Flux (tools/family_models.FLUX_BENCH: hidden 3072, 24 heads, 2 double + 4 single
+blocks, 1.3 B parameters), sampled at cfg 1 (guidance distilled: one model call per step), euler, with T5-width
+(4096) prompt states of 77 tokens and a pooled CLIP vector fed directly, on a CUDA GPU when torch sees one. Each
+variant in a fresh process with empty caches reports: the cold first sampling, the sampling after Compile Model's
+background child (if one ran), steady seconds per step (alone, and in turn with plain eager in the same process:
+the paired ratio the steady target is read from), peak RSS (and GPU memory), compiles over a prompt-length sweep
+(77, 154, 231 tokens) and a size sweep (latents 24 and 32 after 16) and over their repeats, and each output's
+largest error against eager's. Results: bench/results/compile_flux.json.
+
+`--steady`: steady speed of each compiled variant of the SD1.5 UNet against eager, in one process, the two
+interleaved. On a shared 2-core machine one process can run 20% faster or slower than the next, which swamps a
+comparison of steady seconds per step made across processes: each variant's process samples its compiled MODEL
+and the eager one it was made from (same weights) in alternating `--rounds`, after two warm-up runs of each, and
+reports the median seconds per step of each and their ratio. The variants share one compile cache directory (this
+is about speed, not cold start). Results: bench/results/compile_steady.json (compile_model.json without either).
 
     .venv/bin/python bench/compile_model.py [--steps 6] [--variants eager,core,accel]
+    .venv/bin/python bench/compile_model.py --family flux [--steps 4] [--latent 16] [--variants eager,core,accel]
     .venv/bin/python bench/compile_model.py --steady [--rounds 3] [--steps 4] [--variants core,accel,accel-compiled]
 """
 from __future__ import annotations
 
+import argparse
 import resource
 import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import _path  # noqa: F401  (the project root on sys.path)
+from tools.family_models import FLUX_BENCH
 from tools.harness import cli
 from tools.harness.child import print_result, run_variants
 from tools.harness.memory import peak_mib, pss_tree_mib, reset_peak, rss_mib
 from tools.harness.results import write_report
-from tools.harness.sampling import conditioning, sample
+from tools.harness.sampling import conditioning, sample, synced_clock
 
 SWEEP_SIZES = (24, 40, 48)
-COLD_VARIANTS, STEADY_VARIANTS = "eager,core,accel,accel-compiled,accel-lowmem", "core,accel,accel-compiled"
+FLUX_TOKENS, FLUX_SIZES = (77, 154, 231), (24, 32)  # the Flux sweeps: prompt lengths, then latent sizes after 16
+# Per family and measurement, the defaults of: model file, steps, latent, variants
+DEFAULTS = {("sd15", False): ("accel-sd15-a.safetensors", 6, 32, "eager,core,accel,accel-compiled,accel-lowmem"),
+            ("sd15", True): ("accel-sd15-a.safetensors", 4, 32, "core,accel,accel-compiled"),
+            ("flux", False): (FLUX_BENCH.file_name, 4, 16, "eager,core,accel")}
 
 
 def wrap(variant: str, model):
@@ -51,16 +70,22 @@ def wrap(variant: str, model):
     return model, None
 
 
-def sampler(model):
-    """sample(size, steps) -> seconds of each step: ComfyUI's sampler, euler, cfg 7 (UNet batch 2)."""
-    conds = conditioning()
-    return lambda size, n_steps: sample(model, conds, (1, 4, size, size), n_steps, 7.0).step_s
+def sampler(model, flux: bool = False):
+    """sample(size, steps, tokens) -> Sampled: ComfyUI's sampler, euler; the SD1.5 UNet's inputs at cfg 7 (UNet
+    batch 2), or Flux's at cfg 1 with `tokens` prompt states."""
+    def sample_model(size: int, n_steps: int, tokens: int = 77):
+        if flux:
+            return sample(model, conditioning(4096, tokens, pooled=True), (1, 16, size, size), n_steps, 1.0)
+        return sample(model, conditioning(), (1, 4, size, size), n_steps, 7.0)
+
+    return sample_model
 
 
-def load_variant(variant: str, model_name: str):
+def load_variant(variant: str, model_name: str, cpu: bool = True):
+    """(the eager MODEL, the variant's MODEL, the pack's engine or None), ComfyUI imported."""
     from tools.comfy_env import import_comfyui
 
-    import_comfyui(cpu=True)
+    import_comfyui(cpu=cpu)
     import nodes
 
     (eager,) = nodes.UNETLoader().load_unet(model_name, "default")
@@ -81,12 +106,8 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
     sampling_peak = peak_mib()
     pss_self, pss_children = pss_tree_mib()
     first_frames = counters["frames"]["ok"]
-    background = wait_for_background(engine)
-    if background is not None:  # the sampling that loads the child's graphs and makes auto mode's choices
-        start = time.perf_counter()
-        sample_model(latent, steps)
-        background["loading_sampling_s"] = time.perf_counter() - start
-    steady = statistics.median(sample_model(latent, steps)[1:])
+    background = background_and_loading(engine, lambda: sample_model(latent, steps))
+    steady = statistics.median(sample_model(latent, steps).step_s[1:])
     frames = counters["frames"]["ok"]
     for size in SWEEP_SIZES:
         sample_model(size, 2)
@@ -117,13 +138,82 @@ def run_steady(variant: str, model_name: str, steps: int, latent: int, rounds: i
     per_step: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, sample_model in runs.items():
-            per_step[name] += sample_model(latent, steps)[1:]  # the first step of a run also loads the model
+            per_step[name] += sample_model(latent, steps).step_s[1:]  # the first step of a run also loads the model
     medians = {name: statistics.median(times) for name, times in per_step.items()}
     result = {"variant": variant, "median_s_per_step": medians, "steps_timed": len(per_step["eager"]),
               "speed_vs_eager_same_process": medians["eager"] / medians[variant]}
     if engine is not None:
         result.update(accel_summary(engine))
     return result
+
+
+def paired_steady(sample_variant, sample_eager, latent: int, steps: int, rounds: int = 4) -> dict:
+    """The variant's and plain eager's seconds per step in this process, sampling by sampling in turn (first
+    steps left out). This machine's speed drifts within a process (eager alone went from 1.27 to 1.46 s per
+    step over four samplings of the benchmark Flux, 2026-11-22), so a variant is compared with eager timed in
+    the same minutes. The order alternates (variant first, then eager first): with the variant always first, the
+    eager variant's pair with itself came out 0.96 in two runs, the second sampling of a pair being slower. The
+    eager variant's own pair says how far apart two identical runs come."""
+    variant, eager = [], []
+    for round_ in range(rounds):
+        pair = (sample_variant, sample_eager) if round_ % 2 == 0 else (sample_eager, sample_variant)
+        times = [sample_model(latent, steps).step_s[1:] for sample_model in pair]
+        variant += times[0] if round_ % 2 == 0 else times[1]
+        eager += times[1] if round_ % 2 == 0 else times[0]
+    return {"s_per_step": statistics.median(variant), "eager_s_per_step": statistics.median(eager),
+            "vs_eager": statistics.median(variant) / statistics.median(eager)}
+
+
+def run_flux_variant(variant: str, model_name: str, steps: int, latent: int, outputs: Path) -> dict:
+    """Inside the variant's own process (--family flux): cold, background, steady alone and paired, the sweeps;
+    the first and a steady output saved to `outputs` for the parent to compare with eager's."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    gpu = torch.cuda.is_available()
+    base, model, engine = load_variant(variant, model_name, cpu=not gpu)
+    sample_model = sampler(model, flux=True)
+    loaded_rss = rss_mib()
+    reset_peak()  # the load's own peak is the same for every variant
+    start = time.perf_counter()
+    first = sample_model(latent, steps).out
+    cold = synced_clock() - start
+    result = {"variant": variant, "cold_first_sample_s": cold, "compiles_first_run": counters["frames"]["ok"],
+              "rss_after_load_mib": loaded_rss}
+    background = background_and_loading(engine, lambda: sample_model(latent, steps))
+    if background is not None:
+        result["background"] = background
+    steady, steady_again = sample_model(latent, steps), sample_model(latent, steps)
+    result["steady_s_per_step"] = statistics.median(steady.step_s[1:] + steady_again.step_s[1:])
+    result["paired"] = paired_steady(sample_model, sampler(base, flux=True), latent, steps)
+    for name, values, kwargs in (("prompt_length", FLUX_TOKENS, lambda v: {"tokens": v}),
+                                 ("size", FLUX_SIZES, lambda v: {"size": v})):
+        frames = counters["frames"]["ok"]
+        for value in values:
+            sample_model(**{"size": latent, "n_steps": 1, **kwargs(value)})
+        result[f"compiles_in_{name}_sweep"] = counters["frames"]["ok"] - frames
+        frames = counters["frames"]["ok"]
+        for value in values:
+            sample_model(**{"size": latent, "n_steps": 1, **kwargs(value)})
+        result[f"compiles_in_repeated_{name}_sweep"] = counters["frames"]["ok"] - frames
+    result["peak_rss_sampling_mib"] = peak_mib()  # compiling and all samplings included
+    if gpu:
+        result["peak_gpu_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    torch.save({"first": first, "steady": steady_again.out}, outputs / f"{variant}.pt")
+    if engine is not None:
+        result.update(accel_summary(engine))
+    return result
+
+
+def background_and_loading(engine, resample) -> dict | None:
+    """wait_for_background, then the sampling that loads the child's graphs and makes auto mode's choices
+    (`resample`), timed; None when nothing compiled in the background."""
+    background = wait_for_background(engine)
+    if background is not None:
+        start = time.perf_counter()
+        resample()
+        background["loading_sampling_s"] = time.perf_counter() - start
+    return background
 
 
 def wait_for_background(engine) -> dict | None:
@@ -167,25 +257,56 @@ def accel_summary(engine) -> dict:
                                         for c in stats["whole_call_checks"].values()]}
 
 
+def flux_errors(results: list[dict], outputs: Path) -> None:
+    """Each output's largest error against eager's, relative to eager's largest value, into its result."""
+    import torch
+
+    saved = {r["variant"]: torch.load(outputs / f"{r['variant']}.pt") for r in results}
+    if "eager" in saved:
+        for result in results:
+            for which in ("first", "steady"):
+                out, reference = saved[result["variant"]][which], saved["eager"][which]
+                error = (out - reference).abs().max().item() / reference.abs().max().item()
+                result[f"max_rel_error_vs_eager_{which}"] = error
+
+
 def main() -> None:
-    parser = cli.parser(__doc__, child=True, model="accel-sd15-a.safetensors", steps=None, latent=32, rounds=3,
-                        variants=None)
+    parser = cli.parser(__doc__, child=True, model=None, steps=None, latent=None, rounds=3, variants=None)
+    parser.add_argument("--family", choices=("sd15", "flux"), default="sd15", help="the SD1.5 UNet or Flux")
     parser.add_argument("--steady", action="store_true", help="steady speed against eager, in one process each")
+    parser.add_argument("--outputs", help=argparse.SUPPRESS)  # --family flux: where a child saves its outputs
     args = parser.parse_args()
-    args.steps = args.steps or (4 if args.steady else 6)
-    args.variants = args.variants or (STEADY_VARIANTS if args.steady else COLD_VARIANTS)
+    if (args.family, args.steady) not in DEFAULTS:
+        parser.error("--steady measures the SD1.5 UNet")
+    for name, default in zip(("model", "steps", "latent", "variants"), DEFAULTS[args.family, args.steady]):
+        setattr(args, name, getattr(args, name) or default)
+    variants = args.variants.split(",")
+    if args.family == "flux":
+        if args.child:
+            return print_result(run_flux_variant(args.child, args.model, args.steps, args.latent,
+                                                 Path(args.outputs)))
+        with tempfile.TemporaryDirectory(prefix="accel-bench-flux-") as outputs:
+            results = run_variants(__file__, variants, [*sys.argv[1:], "--outputs", outputs])
+            flux_errors(results, Path(outputs))
+        report = {"model": args.model, "architecture": "Flux, hidden 3072, 24 heads, 2 double + 4 single blocks",
+                  "latent": args.latent, "steps": args.steps, "cfg": 1.0, "tokens": FLUX_TOKENS,
+                  "sweep_sizes": FLUX_SIZES, "results": results}
+        if {"core", "accel", "eager"} <= {r["variant"] for r in results}:
+            report["ratios"] = target_ratios({r["variant"]: r for r in results}, "peak_rss_sampling_mib")
+        write_report("compile_flux", report)
+        return
     settings = {"model": args.model, "latent": args.latent, "cfg_batch": 2, "steps": args.steps}
     if args.steady:
         if args.child:
             return print_result(run_steady(args.child, args.model, args.steps, args.latent, args.rounds))
-        results = run_variants(__file__, args.variants.split(","), shared_cache=True)
+        results = run_variants(__file__, variants, shared_cache=True)
         ratios = {r["variant"]: r["speed_vs_eager_same_process"] for r in results}
         write_report("compile_steady", {**settings, "rounds": args.rounds, "results": results, "ratios": ratios})
         return
     if args.child:
         return print_result(run_variant(args.child, args.model, args.steps, args.latent))
 
-    results = run_variants(__file__, args.variants.split(","))
+    results = run_variants(__file__, variants)
     by = {r["variant"]: r for r in results}
     report = {**settings, "sweep_sizes": SWEEP_SIZES, "results": results}
     if {"core", "accel", "eager"} <= set(by):

@@ -40,7 +40,8 @@ TOLERANCE = {"torch.float16": 5e-3, "torch.bfloat16": 2e-2, "torch.float32": 1e-
 # Neighbours in tools/families.py share a process: Wan 2.2 reuses Wan 2.1's compiled kind there, as on the H100.
 FAMILIES_PER_PROCESS = 2
 NAMES = [family.name for family in FAMILIES]
-FLUX = ["--latent", "128", "--steps", "8"]  # the benchmark Flux at 1024x1024 pixels, as in gpu_h100.md
+# The benchmark Flux at 1024x1024 pixels, as in gpu_h100.md
+FLUX = ["--family", "flux", "--latent", "128", "--steps", "8"]
 # Loaded/compiled steady step. gpu_h100.md's open problem: 20 ms against 16.3 ms, process-wide (eager in the
 # same process slowed too, so the ratio paired with eager would hide it).
 LOADED_BOUND = 1.10
@@ -209,16 +210,17 @@ STEPS = [  # cheap steps first: a budget spent by the long ones leaves them done
          note=lambda: f"not measured: ComfyUI {comfyui_version()} at {comfyui_dir()} has no dynamic VRAM; with "
                       "COMFYUI_DIR at a ComfyUI 0.33 checkout every step runs on it, this one included."),
     Step("lowvram", "Partial loading (lowvram)", 0, lambda s: [],
-         note=lambda: "not measured by this script yet: bench/compile_flux.py and bench/compile_families.py take no "
+         note=lambda: "not measured by this script yet: bench/compile_model.py and bench/compile_families.py take no "
                       "ComfyUI flags (they set only `cpu`), so ComfyUI's `--lowvram` cannot reach them; on the CPU "
                       "tests/test_compile_flux.py checks a half-loaded Flux's output."),
     Step("families", "Every family at fp16/bf16 against its tolerance", 240, lambda s: [
         [PY, "bench/compile_families.py", "--families", ",".join(NAMES[i:i + FAMILIES_PER_PROCESS]), "--scale", "4",
          "--steps", "4"] for i in range(0, len(NAMES), FAMILIES_PER_PROCESS)], families_step, parallel=True),
     Step("flux", "The benchmark Flux at 1024x1024", 240, lambda s: [
-        [PY, "bench/compile_flux.py", *FLUX, "--variants", "eager,core,accel,accel-compiled"]], flux_step),
+        [PY, "bench/compile_model.py", *FLUX, "--variants", "eager,core,accel,accel-compiled"]], flux_step),
     Step("cache", "A process that loaded from the cache against one that compiled", 180, lambda s: [
-        [PY, "bench/compile_flux.py", "--child", "accel", *FLUX, "--outputs", s]] * 2, cache_step, shared_cache=True),
+        [PY, "bench/compile_model.py", "--child", "accel", *FLUX, "--outputs", s]] * 2, cache_step,
+         shared_cache=True),
 ]
 
 

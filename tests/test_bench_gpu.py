@@ -61,7 +61,8 @@ def test_dry_run_lists_every_step_with_its_command():
     expected = {
         "models": "$ python tools/make_models.py --set full --only accel-tiny-flux-bench.safetensors",
         "doctor": "$ python -m accel doctor --json",
-        "flux": "$ python bench/compile_flux.py --latent 128 --steps 8 --variants eager,core,accel,accel-compiled",
+        "flux": "$ python bench/compile_model.py --family flux --latent 128 --steps 8 --variants "
+                "eager,core,accel,accel-compiled",
     }
     for name, command in expected.items():
         assert blocks[name][1:] == [command], blocks[name]
@@ -77,8 +78,9 @@ def test_dry_run_lists_every_step_with_its_command():
 
     cache = blocks["cache"][1:]
     shared = "TORCHINDUCTOR_CACHE_DIR=$SCRATCH/torch ACCEL_CACHE_DIR=$SCRATCH/accel "
-    assert cache == [f"$ {shared}python bench/compile_flux.py --child accel --latent 128 --steps 8 --outputs "
-                     "$SCRATCH"] * 2, cache  # the same caches twice: the second process loads what the first compiled
+    # the same caches twice: the second process loads what the first compiled
+    assert cache == [f"$ {shared}python bench/compile_model.py --child accel --family flux --latent 128 --steps 8 "
+                     "--outputs $SCRATCH"] * 2, cache
 
     from tools.comfy_env import comfyui_version
 

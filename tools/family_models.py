@@ -100,8 +100,8 @@ FAMILIES = [
 
 BY_NAME = {f.name: f for f in FAMILIES}
 
-# The Compile Model benchmark's Flux (bench/compile_flux.py): full width, 2 double + 4 single blocks (1.3 B
-# parameters, 2.6 GB in fp16, 5 GB in RAM at fp32), what a 2-core 24 GB machine samples in seconds per step.
+# The Compile Model benchmark's Flux (bench/compile_model.py --family flux): full width, 2 double + 4 single blocks
+# (1.3 B parameters, 2.6 GB in fp16, 5 GB in RAM at fp32), what a 2-core 24 GB machine samples in seconds per step.
 FLUX_BENCH = Family("flux-bench", "Flux", dict(FLUX_BASE, image_model="flux", out_channels=16, vec_in_dim=768,
                                                 guidance_embed=True, depth=2, depth_single_blocks=4), wide=True)
 
