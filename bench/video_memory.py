@@ -1,13 +1,13 @@
 """Peak memory at video scale: Compile Model, DeepCache and both against eager, on a narrow Wan 2.1 with a latent
 of real proportions (832x480 pixels, 33 frames: a [1, 16, 9, 60, 104] latent, 14 040 tokens a frame stack).
 
-Each scenario runs in a fresh process with empty compile caches of its own (bench/fresh_process.py): it loads the
+Each scenario runs in a fresh process with empty compile caches of its own (tools/harness/child.py): it loads the
 model with ComfyUI's UNETLoader, samples once (Compile Model's defaults: eagerly, while its background child
 compiles), waits for the child, samples again (the compiled blocks loaded) and reports the process's peak RSS
 (the kernel's high-water mark, VmHWM: both samplings, the load and the imports) and the child's peak, apart.
 cfg above 1 (cond and uncond in one batch), euler, `--steps` steps. The model: the trained video Wan of
-bench/deepcache_video_quality.py (bench/assets/digits_wan21.safetensors: narrow, 6 blocks; what matters here is
-what each node adds at this token count).
+`bench/deepcache_quality.py --model wan` (bench/assets/digits_wan21.safetensors: narrow, 6 blocks; what matters
+here is what each node adds at this token count).
 
     .venv/bin/python bench/video_memory.py [--steps 3] [--frames 33] [--width 832] [--height 480]
 """

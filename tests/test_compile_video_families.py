@@ -61,7 +61,7 @@ def test_video_frames_size_and_batch_compile_once_off_the_prompt_path(engine, ac
     run eagerly in their sampling while a child compiles, equal to eager; over the three changes each kind goes to
     a child at most once more (per call variant; HunyuanVideo: EXTRA_VIDEO_CHANGE_JOBS), and this process never
     runs Dynamo (the children's graphs load whole). With DeepCache on top, nothing compiles after its first run. On the trained video Wan
-    (bench/deepcache_video_quality.py) and the generated Wan 2.2 and HunyuanVideo."""
+    (bench/deepcache_quality.py --model wan) and the generated Wan 2.2 and HunyuanVideo."""
     name = family.name
     model = load(comfy_nodes, family)
     auto = engine.compile_model(model, engine.CompileOptions())

@@ -70,8 +70,8 @@ FAMILIES = [
 ]
 
 BY_FAMILY = {f.name: f for f in FAMILIES}
-# The video Wan 2.1 that bench/deepcache_video_quality.py trained on moving digits (dim 128, 6 blocks, committed):
-# a real model's weights at a test's size, 8 latent frames of 16x16.
+# The video Wan 2.1 that bench/deepcache_quality.py --model wan trained on moving digits (dim 128, 6 blocks,
+# committed): a real model's weights at a test's size, 8 latent frames of 16x16.
 TRAINED_WAN = FamilyCase("digits_wan21", "WAN21", (1, 16, 8, 16, 16), 4096, cfg=5.0, asset="digits_wan21.safetensors")
 ASSETS = Path(__file__).resolve().parent.parent / "bench" / "assets"
 
