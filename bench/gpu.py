@@ -27,6 +27,7 @@ from tools.family_models import FLUX_BENCH
 from tools.harness import cli
 from tools.harness.child import PREFIX, cache_env
 from tools.harness.machine import gpu_machine_lines
+from tools.harness.results import markdown_table
 
 NO_GPU = ("no CUDA GPU on this machine: nothing to run (bench/gpu.py checks only what a GPU can show; run it on a "
           "GPU machine)")
@@ -57,11 +58,6 @@ def check(ok: bool, what: str, state: str | None = None) -> str:
 
 def f(value, spec: str = ".3g", unit: str = "") -> str:
     return "" if value is None else format(value, spec) + unit
-
-
-def table(header: str, rows: list[list]) -> list[str]:
-    return [f"| {header.replace(',', ' | ')} |", "| --- " * (header.count(",") + 1) + "|",
-            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
 
 
 def json_lines(text: str) -> list[dict]:
@@ -131,8 +127,8 @@ def families_step(runs: list[dict]) -> list[str]:
                      f"{tol:g}", r["repeat_compiles"], f"{f(r['eager_first_s'])} / {f(r['auto_first_s'])} s",
                      f(r["background_wait_s"], unit=" s"),
                      f"{paths} ({', '.join(c['verdict'] for c in r['whole_call_checks'])})", checks[-1][0]])
-    return [*table("family,dtype,latent,largest error,tolerance,compiles on repeat,first sampling: eager / defaults,"
-                   "child's wait,auto mode's paths (verdicts),result", rows),
+    return [*markdown_table("family,dtype,latent,largest error,tolerance,compiles on repeat,first sampling: eager / "
+                            "defaults,child's wait,auto mode's paths (verdicts),result".split(","), rows),
             "", f"{len(runs)} processes at once: their samplings and waits share the CPU and the GPU, so they say "
             "what works and what a compile costs, not a speed."]
 
@@ -158,9 +154,9 @@ def flux_step(runs: list[dict]) -> list[str]:
                   f"(fp16 tolerance {tol:g}), {repeats} compiles on the sweeps' repeats")
     for variant in sorted({"eager", "core", "accel", "accel-compiled"} - {r["variant"] for r in report["results"]}):
         check(False, f"Flux {variant} did not finish: {failure(runs[0])}", "SKIPPED" if spent(runs[0]) else None)
-    return [*table("variant,cold first sampling,child's wait / loading sampling,steady ms/step,paired with eager: "
-                   "ms/step / eager's / ratio,peak GPU allocated,peak RSS,compiles in prompt-length / size sweeps; "
-                   "on their repeats,error vs eager: first / steady", rows),
+    return [*markdown_table("variant,cold first sampling,child's wait / loading sampling,steady ms/step,paired with "
+                            "eager: ms/step / eager's / ratio,peak GPU allocated,peak RSS,compiles in prompt-length / "
+                            "size sweeps; on their repeats,error vs eager: first / steady".split(","), rows),
             "", *(f"- {k}: {v:.3g}" for k, v in report.get("ratios", {}).items()),
             "- GPU kernel time per step: not measured by this script (gpu_h100.md took it with torch.profiler)."]
 
@@ -176,8 +172,9 @@ def cache_step(runs: list[dict]) -> list[str]:
             for label, r in (("compiled (empty caches)", made), ("loaded (the first one's caches)", loaded))]
     steady = loaded["steady_s_per_step"] / made["steady_s_per_step"]
     paired = loaded["paired"]["vs_eager"] / made["paired"]["vs_eager"]
-    return [*table("process,cold first sampling,compiles in it,steady ms/step,paired: ms/step / eager's / ratio",
-                   rows), "", f"- loaded / compiled: steady step {steady:.3f}, paired with eager {paired:.3f}",
+    return [*markdown_table("process,cold first sampling,compiles in it,steady ms/step,paired: ms/step / eager's / "
+                            "ratio".split(","), rows),
+            "", f"- loaded / compiled: steady step {steady:.3f}, paired with eager {paired:.3f}",
             "- " + check(steady <= LOADED_BOUND, f"the process that loaded from the cache steps within "
                          f"{LOADED_BOUND}x of the one that compiled ({steady:.3f}x)")]
 

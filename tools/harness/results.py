@@ -24,3 +24,9 @@ def write_report(name: str, report: dict) -> dict:
     if "ratios" in report:
         print(json.dumps(report["ratios"], indent=2))
     return report
+
+
+def markdown_table(columns: list[str], rows) -> list[str]:
+    """A Markdown table's lines: the columns' names, the separator, then a line per row (a list of cells)."""
+    return ["| " + " | ".join(columns) + " |", "| --- " * len(columns) + "|",
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
