@@ -29,10 +29,11 @@ pytestmark = pytest.mark.server
 
 @pytest.fixture(scope="module")
 def family_server(tmp_path_factory):
-    """Two OpenMP threads (the suite's processes run with one, where no pool starts and none could be seen): every
-    output here is compared with eager of the same server."""
+    """Two OpenMP threads (the suite's processes run with one, where no pool starts and none could be seen), whose
+    idle threads sleep rather than spin (the other test process needs the second core): every output here is
+    compared with eager of the same server."""
     base = tmp_path_factory.mktemp("family-server")
-    env = {"ACCEL_CACHE_DIR": str(base / "compile-cache"), "OMP_NUM_THREADS": "2"}
+    env = {"ACCEL_CACHE_DIR": str(base / "compile-cache"), "OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
     with ComfyServer(base, extra_nodes=(TEST_NODES,), env=env) as srv:
         yield srv
 
