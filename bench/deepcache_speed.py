@@ -194,7 +194,8 @@ def flux_side(args, pack) -> None:
     compiled = compile_node.apply(model, "default", "auto", "auto", "always compiled")[0]
     bases = [("eager", model)] + ([] if args.no_compile else [("Compile Model", compiled)])
 
-    work = BlockWork(model.model.diffusion_model)
+    net = model.model.diffusion_model
+    work = BlockWork(net.double_blocks, net.single_blocks)
     runs = [(base_name, name, cache(base)) for base_name, base in bases for name, cache in caches.items()]
     first, times, works, outputs = {}, {}, {}, {}
     for base_name, name, patched in runs:  # warm-up, one each (Compile Model: its compile)

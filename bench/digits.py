@@ -1,16 +1,20 @@
-"""What the DeepCache quality benchmark's three digits models share (bench/deepcache_quality.py): scikit-learn's
-digits data set and a classifier of it, the training loop's optimizer and averaging, PSNR and image grids, the
-weights file (trained when missing), the settings compared (DeepCache, EasyCache, LazyCache), the blocks' compute
-counted by hooks, and the chart of quality against speedup."""
+"""The three small class-conditional models of bench/deepcache_quality.py, trained on scikit-learn's digits: the
+data, one training loop with each model's objective, the weights file (trained when missing), the sampling, and
+the blocks' compute counted by hooks. Each model is ComfyUI's own class (bench/README.md describes them)."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
-from pathlib import Path
+from contextlib import nullcontext
+
+from tools.comfy_env import ROOT
+from tools.harness.sampling import sample
 
 SIZE = 16  # the 8x8 digits, upsampled
 NULL_CLASS = 10  # the "no class" entry of classifier-free guidance
+ASSETS = ROOT / "bench" / "assets"
 
 
 def digits():
@@ -25,10 +29,9 @@ def digits():
 
 
 class Trainer:
-    """What the digits benchmarks' training loops share: AdamW under a one-cycle schedule over `params`, gradients
-    clipped to `clip` (None: not clipped), an exponential moving average of `tracked` (name -> tensor, updated in
-    place by the optimizer) whose decay warms up as (1 + step) / (10 + step) to 0.999, and a progress line every
-    `every` steps."""
+    """AdamW under a one-cycle schedule over `params`, gradients clipped to `clip` (None: not clipped), an
+    exponential moving average of `tracked` (name -> tensor, updated in place by the optimizer) whose decay warms
+    up as (1 + step) / (10 + step) to 0.999, and a progress line every `every` steps."""
 
     def __init__(self, params: list, tracked: dict, steps: int, lr: float, clip: float | None = None,
                  pct_start: float = 0.05, every: int = 200):
@@ -63,42 +66,35 @@ class Trainer:
         return {name: value.contiguous() for name, value in self.average.items()}
 
 
-def to_features(images):
-    """Generated 16x16 images in [-1, 1] as the classifier's 8x8 features (0..16, like the data set)."""
+def train(family, steps: int, batch: int, frames: int = 0, seed: int = 0) -> dict:
+    """`family`'s model trained from its fresh init: each step a batch of digits, the class dropped 10 % of the
+    time (classifier-free guidance), the family's objective; the averaged weights."""
     import torch
 
-    return ((torch.nn.functional.avg_pool2d(images, 2) + 1.0) * 8.0).flatten(1).numpy()
+    torch.manual_seed(seed)
+    run = family(seed=seed)  # a fresh init
+    params, tracked, x0_of, labels = run.training(frames, seed)
+    run.net.train()
+    trainer = Trainer(params, tracked, steps, **run.optimizer(steps))
+    for step in range(steps):
+        idx = torch.randint(0, len(labels), (batch,))
+        x0, y = x0_of(idx), labels[idx].clone()
+        y[torch.rand(batch) < 0.1] = NULL_CLASS
+        # ComfyUI's Flux blocks add into their inputs in place (inference code): autograd keeps a copy of what
+        # they overwrite instead of failing.
+        with torch.autograd.graph.allow_mutation_on_saved_tensors() if run.MUTATES else nullcontext():
+            trainer.step(step, run.loss(x0, y))
+    return run.finish(trainer.averaged(), steps, batch, frames, time.perf_counter() - trainer.start)
 
 
-def save_grid(path: Path, settings: dict) -> None:
-    """One panel per setting, side by side: a row per digit, `per_class` images across, pixels 2x."""
-    import torch
-    from PIL import Image
-
-    panels = []
-    for images in settings.values():
-        rows = images.view(10, -1, SIZE, SIZE)  # digit, sample, h, w
-        panel = rows.permute(0, 2, 1, 3).reshape(10 * SIZE, -1)  # digits down, samples across
-        panels += [panel, torch.full((panel.shape[0], SIZE // 2), 1.0)]  # a white gap between panels
-    grid = ((torch.cat(panels[:-1], dim=1) + 1.0) * 127.5).clamp(0, 255).to(torch.uint8)
-    image = Image.fromarray(grid.numpy(), mode="L")
-    image.resize((image.width * 2, image.height * 2), Image.NEAREST).save(path)
-
-
-def psnr(a, b) -> float:
-    """Mean PSNR over images, pixels mapped from [-1, 1] to [0, 1]."""
-    mse = (((a - b) / 2.0) ** 2).flatten(1).mean(1)
-    return float(sum(10 * math.log10(1.0 / m) if m > 0 else float("inf") for m in mse.tolist()) / len(mse))
-
-
-def trained_weights(args, train_fn, config: dict, name: str) -> dict:
-    """The weights at `args.weights`, trained first (`train_fn(steps, batch)`) when asked or missing."""
+def trained_weights(args, family, config: dict) -> dict:
+    """The weights at `args.weights`, trained first when asked (`--train`) or missing."""
     from safetensors.torch import load_file, save_file
 
     if args.train or not args.weights.exists():
-        print(f"== training the digits {name} ({args.train_steps} steps, batch {args.batch})", flush=True)
+        print(f"== training the digits {family.LABEL} ({args.train_steps} steps, batch {args.batch})", flush=True)
         start = time.perf_counter()
-        weights = train_fn(args.train_steps, args.batch)
+        weights = train(family, args.train_steps, args.batch, args.frames)
         args.weights.parent.mkdir(parents=True, exist_ok=True)
         save_file(weights, str(args.weights), metadata={"config": json.dumps(config),
                                                         "train_steps": str(args.train_steps), "batch": str(args.batch)})
@@ -107,25 +103,310 @@ def trained_weights(args, train_fn, config: dict, name: str) -> dict:
     return load_file(str(args.weights))
 
 
-def digit_classifier():
-    """Logistic regression on the data set's training split, and its accuracy on the held-out real digits."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import train_test_split
+def one_channel_config(base, config: dict):
+    """A ComfyUI model config of class `base` on `config` with a one-channel latent, fp32."""
+    import torch
+    from comfy import latent_formats
 
-    _, _, features, targets = digits()
-    x_train, x_test, y_train, y_test = train_test_split(features, targets, test_size=0.25, random_state=0)
-    classifier = LogisticRegression(max_iter=5000).fit(x_train, y_train)
-    return classifier, classifier.score(x_test, y_test)
+    class DigitsLatent(latent_formats.LatentFormat):
+        latent_channels = 1
+
+    class DigitsConfig(base):
+        latent_format = DigitsLatent
+
+    out = DigitsConfig(config)
+    out.set_inference_dtype(torch.float32, None)
+    return out
+
+
+def own_weights(net, weights: dict, prefix: str = "diffusion_model.") -> None:
+    net.load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
+
+
+class UNet:
+    """A ComfyUI UNetModel (EPS prediction on ComfyUI's default discrete schedule), the class as a cross-attention
+    token; plain DDPM training."""
+    LABEL, RESULT, FILE = "UNet", "deepcache_quality", "digits_unet.safetensors"
+    DEFAULTS = dict(train_steps=2000, batch=64, steps=25, cfg=2.0, intervals=[1, 2, 3, 5])
+    OPTIMIZER, MUTATES, CONTEXT_DIM, SCHEDULER = dict(lr=2e-3), False, 64, "normal"
+    # Three levels (16, 8, 4 pixels; 32, 32, 64 channels), one ResBlock each, attention (self and cross, on the
+    # class token) on the two lower levels and in the middle: the layout of SD1.5 at a toy scale (1.2 M parameters,
+    # about 100 MFLOP per image), so DeepCache has six skip branches to choose from and training takes minutes.
+    CONFIG = dict(
+        image_size=SIZE, in_channels=1, out_channels=1, model_channels=32, num_res_blocks=[1, 1, 1],
+        channel_mult=[1, 1, 2], use_spatial_transformer=True, transformer_depth=[0, 1, 1],
+        transformer_depth_middle=1, transformer_depth_output=[0, 0, 1, 1, 1, 1], context_dim=CONTEXT_DIM,
+        use_linear_in_transformer=True, legacy=False, adm_in_channels=None, use_checkpoint=False,
+        use_temporal_attention=False, use_temporal_resblock=False,
+    )
+
+    def __init__(self, weights: dict | None = None, seed: int = 0):
+        import torch
+        from comfy import supported_models_base
+
+        base = type("DigitsUNet", (supported_models_base.BASE,),
+                    {"unet_extra_config": {"num_heads": 4, "num_head_channels": -1}})
+        self.model = one_channel_config(base, dict(self.CONFIG)).get_model({}, device=torch.device("cpu"))
+        self.net = self.model.diffusion_model
+        self.tokens = torch.nn.Embedding(NULL_CLASS + 1, self.CONTEXT_DIM)
+        if weights is None:
+            # ComfyUI's layers skip weight init (they expect a checkpoint): use torch's default init instead.
+            for module in self.net.modules():
+                for kind in (torch.nn.Conv2d, torch.nn.Linear, torch.nn.GroupNorm, torch.nn.LayerNorm,
+                             torch.nn.Embedding):
+                    if isinstance(module, kind):
+                        kind.reset_parameters(module)
+                        break
+            torch.nn.init.normal_(self.tokens.weight, std=1.0)
+        else:
+            own_weights(self.net, weights)
+            self.tokens.weight.data.copy_(weights["class_tokens"])
+
+    def training(self, frames: int, seed: int):
+        images, labels, _, _ = digits()
+        return ([*self.net.parameters(), self.tokens.weight],
+                {**{f"diffusion_model.{k}": v for k, v in self.net.state_dict().items()},
+                 "class_tokens": self.tokens.weight}, images.__getitem__, labels)
+
+    def loss(self, x0, y):
+        """eps prediction in ComfyUI's sigma parametrisation."""
+        import torch
+
+        sampling = self.model.model_sampling
+        t = torch.randint(0, 1000, (len(y),))
+        sigma = sampling.sigmas[t]
+        noise = torch.randn_like(x0)
+        x_in = sampling.calculate_input(sigma, x0 + noise * sigma.view(-1, 1, 1, 1))
+        return torch.nn.functional.mse_loss(self.net(x_in, t.float(), context=self.tokens(y).unsqueeze(1)), noise)
+
+    def optimizer(self, steps: int) -> dict:
+        return self.OPTIMIZER
+
+    def finish(self, weights: dict, *record) -> dict:
+        return weights
+
+    def conds(self, label: int, batch: int):
+        return [[self.tokens.weight[label].detach().view(1, 1, -1), {}]]
+
+    def generate(self, patcher, per_class: int, args):
+        """`per_class` images of each digit through ComfyUI's sampler; digit d's seed is d in every setting."""
+        import torch
+
+        images = [sample(patcher, (self.conds(digit, per_class), self.conds(NULL_CLASS, per_class)),
+                         (per_class, 1, SIZE, SIZE), args.steps, args.cfg, args.sampler, self.SCHEDULER,
+                         seed=digit).out for digit in range(10)]
+        return torch.cat(images).clamp(-1, 1)
+
+
+class Flux(UNet):
+    """ComfyUI's Flux class at 128 wide (flow matching on Flux's shifted schedule), the class as four context
+    tokens and the pooled vector; rectified-flow training."""
+    LABEL, RESULT, FILE = "Flux", "deepcache_dit_quality", "digits_flux.safetensors"
+    DEFAULTS = dict(train_steps=1500, batch=48, steps=20, cfg=3.0, intervals=[2, 3, 5])
+    OPTIMIZER, MUTATES, CONTEXT_DIM, CONTEXT_TOKENS, SCHEDULER = dict(lr=1e-3, clip=1.0), True, 32, 4, "simple"
+    # Flux's layout at a toy scale: 4 heads of 32 (rope axes 8 + 12 + 12), patch 2 (64 image tokens), one latent
+    # channel; no guidance embedding (the uncond side is the "no class" entry, as with cfg on a text model).
+    CONFIG = dict(
+        image_model="flux", in_channels=1, out_channels=1, vec_in_dim=CONTEXT_DIM, context_in_dim=CONTEXT_DIM,
+        hidden_size=128, mlp_ratio=4.0, num_heads=4, depth=3, depth_single_blocks=3, axes_dim=[8, 12, 12],
+        theta=10000, patch_size=2, qkv_bias=True, guidance_embed=False,
+    )
+
+    def __init__(self, weights: dict | None = None, seed: int = 0):
+        import torch
+        from comfy import supported_models
+        from tools.family_models import config_for_this_comfyui, fill_family
+
+        config = one_channel_config(supported_models.Flux, config_for_this_comfyui(self.CONFIG))
+        self.model = config.get_model({}, device=torch.device("cpu"))
+        self.net = self.model.diffusion_model
+        if weights is None:  # ComfyUI's layers skip init (they expect a checkpoint): like-init values, norms at one
+            self.net.load_state_dict(fill_family(self.net, seed=0))
+        else:
+            own_weights(self.net, weights)
+        self.tokens = torch.nn.Embedding(NULL_CLASS + 1, self.CONTEXT_TOKENS * self.CONTEXT_DIM)
+        self.pooled = torch.nn.Embedding(NULL_CLASS + 1, self.CONTEXT_DIM)
+        if weights is None:
+            torch.nn.init.normal_(self.tokens.weight, std=1.0)
+            torch.nn.init.normal_(self.pooled.weight, std=1.0)
+        else:
+            self.tokens.weight.data.copy_(weights["class_tokens"])
+            self.pooled.weight.data.copy_(weights["class_pooled"])
+
+    def training(self, frames: int, seed: int):
+        params, tracked, x0_of, labels = super().training(frames, seed)
+        return [*params, self.pooled.weight], {**tracked, "class_pooled": self.pooled.weight}, x0_of, labels
+
+    def condition(self, labels):
+        return self.tokens(labels).view(len(labels), self.CONTEXT_TOKENS, self.CONTEXT_DIM), self.pooled(labels)
+
+    def loss(self, x0, y):
+        """Rectified flow: x_t = t * noise + (1 - t) * x0, the model predicts noise - x0 (what ComfyUI's FLUX model
+        type turns into a denoised image), t logit-normal."""
+        import torch
+
+        t = torch.sigmoid(torch.randn(len(y)))
+        noise = torch.randn_like(x0)
+        x_t = t.view(-1, 1, 1, 1) * noise + (1 - t.view(-1, 1, 1, 1)) * x0
+        context, pooled = self.condition(y)
+        velocity = self.net(x_t, self.model.model_sampling.timestep(t), context=context, y=pooled)
+        return torch.nn.functional.mse_loss(velocity, noise - x0)
+
+    def conds(self, label: int, batch: int):
+        import torch
+
+        context, pooled = self.condition(torch.full((batch,), label))
+        return [[context.detach(), {"pooled_output": pooled.detach()}]]
+
+
+class Wan(UNet):
+    """ComfyUI's WanModel built as comfy.supported_models.WAN21_T2V, trained by flow matching on clips of the digits
+    moving and turning over `--frames` frames, saved in ComfyUI's UNet layout and loaded by its UNETLoader. Wan's
+    latent has 16 channels: FrameVAE maps a frame to them and back, so videos compare in pixel space. The class goes
+    in as four context tokens of umT5's width, an eleventh "no class" entry for the uncond side."""
+    LABEL, RESULT, FILE = "Wan 2.1", "deepcache_video_quality", "digits_wan21.safetensors"
+    DEFAULTS = dict(train_steps=1400, batch=16, steps=24, cfg=5.0, intervals=[2, 3, 5], attention="pytorch")
+    MUTATES, SCHEDULER = False, "simple"
+    EXTRA = "accel_digits."  # the class tokens and training record: a prefix ComfyUI's UNet loader leaves out
+    CANVAS, CHANNELS, CONTEXT_TOKENS, TEXT_DIM = 16, 16, 4, 4096  # canvas = latent positions; umT5's width
+    # What detection reads back from the weights (comfy/model_detection.py: num_heads = dim // 128, the rest fixed
+    # for Wan 2.1): one 128-wide head, 8 x 8 x 8 = 512 tokens for 8 frames at patch (1, 2, 2); 6 blocks, so that
+    # DeepCache (first and last block live) skips 4 of 6 on a reused step.
+    CONFIG = dict(
+        image_model="wan2.1", model_type="t2v", dim=128, out_dim=CHANNELS, in_dim=CHANNELS, num_heads=1, ffn_dim=256,
+        num_layers=6, patch_size=(1, 2, 2), freq_dim=256, window_size=(-1, -1), qk_norm=True, cross_attn_norm=True,
+        eps=1e-6,
+    )
+
+    def __init__(self, weights: dict | None = None, seed: int = 0, patcher=None):
+        """A fresh model (like-init weights, tools/family_models.fill_family), or the tokens of `weights` beside
+        the model ComfyUI's UNETLoader made of them (`patcher`)."""
+        import torch
+        from comfy import supported_models
+        from tools.family_models import fill_family
+
+        if patcher is None:
+            config = supported_models.WAN21_T2V(dict(self.CONFIG))
+            config.set_inference_dtype(torch.float32, None)
+            self.model = config.get_model({}, device=torch.device("cpu"))
+            self.model.diffusion_model.load_state_dict(fill_family(self.model.diffusion_model, seed=0))
+        else:
+            self.model = patcher.model
+            self.tokens = weights[self.EXTRA + "class_tokens"].view(NULL_CLASS + 1, self.CONTEXT_TOKENS,
+                                                                      self.TEXT_DIM)
+        self.net, self.vae = self.model.diffusion_model, FrameVAE(self.model.latent_format)
+
+    def training(self, frames: int, seed: int):
+        import torch
+        from tools.family_models import PREFIX
+
+        generator = torch.Generator().manual_seed(seed)
+        _, labels, features, _ = digits()
+        ink = torch.tensor(features, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
+        self.embedding = torch.nn.Embedding(NULL_CLASS + 1, self.CONTEXT_TOKENS * self.TEXT_DIM)
+        torch.nn.init.normal_(self.embedding.weight, std=1.0)
+
+        def x0_of(idx):
+            return self.model.latent_format.process_in(self.vae.encode(make_clips(ink[idx], frames, generator)))
+
+        return ([*self.net.parameters(), self.embedding.weight],
+                {**{PREFIX + k: v for k, v in self.net.state_dict().items()},
+                 self.EXTRA + "class_tokens": self.embedding.weight}, x0_of, labels)
+
+    def optimizer(self, steps: int) -> dict:
+        return dict(lr=1e-3, clip=1.0, pct_start=max(0.05, 2 / steps), every=50)  # short runs: 2 warm-up steps
+
+    def loss(self, x0, y):
+        """Rectified flow in the model's space (x0 = process_in(VAE latent), what ComfyUI's sampler works in), the
+        model predicting noise - x0 (ComfyUI's FLOW model type), t uniform through Wan's shifted schedule (shift
+        8, as the "simple" scheduler steps it)."""
+        import torch
+
+        sampling = self.model.model_sampling
+        t = sampling.sigma(torch.rand(len(y)) * sampling.multiplier)
+        noise = torch.randn_like(x0)
+        x_t = t.view(-1, 1, 1, 1, 1) * noise + (1 - t.view(-1, 1, 1, 1, 1)) * x0
+        context = self.embedding(y).view(len(y), self.CONTEXT_TOKENS, self.TEXT_DIM)
+        return torch.nn.functional.mse_loss(self.net(x_t, sampling.timestep(t), context=context), noise - x0)
+
+    def finish(self, weights: dict, steps: int, batch: int, frames: int, seconds: float) -> dict:
+        import torch
+        from tools.family_models import PREFIX, Family, check_detection
+
+        check_detection(Family("digits-wan21", "WAN21_T2V", self.CONFIG),  # UNETLoader will read it as WAN21_T2V
+                        {k[len(PREFIX):]: v for k, v in weights.items() if k.startswith(PREFIX)})
+        weights[self.EXTRA + "training"] = torch.tensor([steps, batch, frames, seconds], dtype=torch.float64)
+        return weights
+
+    def conds(self, label: int, batch: int):
+        return [[self.tokens[label].view(1, self.CONTEXT_TOKENS, self.TEXT_DIM), {}]]
+
+    def generate(self, patcher, clips_per_digit: int, args):
+        """`clips_per_digit` clips of each digit (digit d's seed is d in every setting), decoded: (clips, frames,
+        H, W) in [0, 1]."""
+        import torch
+
+        return torch.cat([self.vae.decode(sample(patcher, (self.conds(digit, 1), self.conds(NULL_CLASS, 1)),
+                                                 (clips_per_digit, self.CHANNELS, args.frames, self.CANVAS,
+                                                  self.CANVAS), args.steps, args.cfg, args.sampler, "simple",
+                                                 seed=digit).out) for digit in range(10)])
+
+
+class FrameVAE:
+    """A fixed stand-in for Wan's VAE: latent = mean + 4 * std * u * frame (u a seeded unit vector over the 16
+    channels; mean and std Wan 2.1's latent format's, as the real VAE's latents have them, so process_in hands
+    the model 4 * u * frame, unit scale); decode is the map's pseudo-inverse, frames back in [0, 1]."""
+
+    def __init__(self, latent_format, seed: int = 0):
+        import torch
+
+        u = torch.randn(Wan.CHANNELS, generator=torch.Generator().manual_seed(seed))
+        self.mean = latent_format.latents_mean.view(1, Wan.CHANNELS, 1, 1, 1).float()
+        self.weight = (4.0 * latent_format.latents_std.view(Wan.CHANNELS) * u / u.norm()).float()
+
+    def encode(self, frames):  # (B, T, H, W) in [-1, 1] -> (B, 16, T, H, W)
+        return self.mean + self.weight.view(1, Wan.CHANNELS, 1, 1, 1) * frames.unsqueeze(1)
+
+    def decode(self, latent):  # (B, 16, T, H, W) -> (B, T, H, W) in [0, 1]
+        import torch
+
+        frames = torch.einsum("c,bcthw->bthw", self.weight, latent.float() - self.mean) / self.weight.square().sum()
+        return (frames.clamp(-1, 1) + 1) / 2
+
+
+def make_clips(ink, frames: int, generator):
+    """(B, frames, CANVAS, CANVAS) in [-1, 1]: each 8x8 digit (`ink`, (B, 1, 8, 8) in [0, 1]) on the canvas, moving
+    at a seeded constant velocity (0.5-1.25 px per frame, bouncing off the edges) and turning at a seeded angular
+    speed (up to 15 degrees per frame) from a seeded angle (up to 20 degrees)."""
+    import torch
+    import torch.nn.functional as F
+
+    b, canvas = len(ink), Wan.CANVAS
+    rand = functools.partial(torch.rand, generator=generator)
+    reach = (canvas - 8) / 2  # how far (px) the digit's centre may move from the canvas centre
+    heading = rand(b) * 2 * math.pi
+    velocity = (0.5 + 0.75 * rand(b))[:, None] * torch.stack([heading.cos(), heading.sin()], 1)
+    t = torch.arange(frames, dtype=torch.float32)
+    position = (rand(b, 2) * 2 - 1)[:, None] * reach + velocity[:, None] * t[None, :, None]  # (B, T, 2)
+    position = reach - ((position + reach) % (4 * reach) - 2 * reach).abs()  # reflected at +-reach: bouncing
+    angle = (rand(b, 1) * 2 - 1) * math.radians(20) + (rand(b, 1) * 2 - 1) * math.radians(15) * t  # (B, T)
+    cos, sin = angle.cos(), angle.sin()
+    rotation = torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], -2)  # R(-angle)
+    shift = position.unsqueeze(-1) / (canvas / 2)  # normalised coordinates
+    theta = torch.cat([rotation, -(rotation @ shift)], -1).flatten(0, 1)  # output point q <- R(-a) (q - c)
+    grid = F.affine_grid(theta, [b * frames, 1, canvas, canvas], align_corners=False)
+    padded = F.pad(ink, [(canvas - 8) // 2] * 4).repeat_interleave(frames, 0)
+    return F.grid_sample(padded, grid, align_corners=False).view(b, frames, canvas, canvas) * 2 - 1
 
 
 class BlockWork:
     """Counts the samples each transformer block processes (forward pre-hooks: they read the batch size and
     change nothing), weighted by the block's parameters: the blocks' compute, in parameter-samples."""
 
-    def __init__(self, net):
+    def __init__(self, *block_lists):
         self.total = 0.0
         self.handles = []
-        for blocks in (net.double_blocks, net.single_blocks):
+        for blocks in block_lists:
             for block in blocks:
                 size = sum(p.numel() for p in block.parameters())
                 self.handles.append(block.register_forward_pre_hook(self._hook(size), with_kwargs=True))
@@ -139,46 +420,3 @@ class BlockWork:
     def close(self):
         for handle in self.handles:
             handle.remove()
-
-
-def settings(pack, patcher, args):
-    """(name, method, knob, the patched model) for every setting, full compute first."""
-    from comfy_extras.nodes_easycache import EasyCacheNode, LazyCacheNode
-
-    deepcache = pack.nodes.deepcache.DeepCache()
-    out = [("full compute", "full", None, patcher)]
-    for n in args.intervals:
-        out.append((f"DeepCache interval {n}", "DeepCache uniform", n,
-                    deepcache.apply(patcher, n, args.depth, 0.0, 1.0, "uniform")[0]))
-    for threshold in args.adaptive:
-        out.append((f"DeepCache adaptive {threshold:g}", "DeepCache adaptive", threshold,
-                    deepcache.apply(patcher, args.adaptive_interval, args.depth, 0.0, 1.0, "adaptive", threshold)[0]))
-    for node, name in ((EasyCacheNode, "EasyCache"), (LazyCacheNode, "LazyCache")):
-        for threshold in args.easycache:  # start and end percent at the nodes' defaults
-            model = node.execute(patcher, threshold, 0.15, 0.95, False).result[0]
-            out.append((f"{name} {threshold:g}", name, threshold, model))
-    return out
-
-
-def plot(path: Path, rows: list[dict], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    markers = {"DeepCache uniform": "o", "DeepCache adaptive": "s", "EasyCache": "^", "LazyCache": "v"}
-    for method, marker in markers.items():
-        points = [(r["speedup"], r["psnr_vs_full"], r["knob"]) for r in rows
-                  if r["method"] == method and r["psnr_vs_full"] is not None]  # None: equal to full compute
-        if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=method)
-            for x, y, knob in points:
-                ax.annotate(f"{knob:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xlabel("speedup against full compute (wall time, this CPU)")
-    ax.set_ylabel("PSNR against full compute (dB)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
