@@ -1,16 +1,10 @@
 """Every scenario side by side in one run, one report: `make bench` (full-size models) and `make bench-quick`
-(the small models, minutes).
-
-Each scenario (bench/scenarios.py: eager ComfyUI, core TorchCompileModel and EasyCache, the pack's nodes alone
-and combined) runs on each model in a fresh process with empty caches of its own (torch's inductor cache and the
-pack's persistent cache in a temporary directory): the cold first prompt, the background compile, the steady
-state, Swap Weights. Then a second fresh process on the same caches times the first prompt of a warm restart.
-The report (REPORT.md with PNG charts) puts each scenario against eager ComfyUI of the same run.
+(the small models). Each scenario (bench/scenarios.py) runs on each model in a fresh process with empty caches,
+then a second fresh process on the same caches (a warm restart); REPORT.md puts each against eager ComfyUI of the
+same run. --update keeps the other models' tables of the report in --out; --first-prompt times only each
+scenario's first prompt, in --rounds fresh processes each (bench/README.md).
 
     .venv/bin/python bench/report.py [--quick] [--out DIR] [--scenarios a,sd15:b] [--families sd15,flux] [--update]
-
---update runs only --families and keeps the other models' tables from the report already in DIR (same machine
-and versions): each model's table stays one run, and the report says which run (its date and length).
 """
 from __future__ import annotations
 
@@ -22,8 +16,8 @@ import time
 from pathlib import Path
 
 import _path  # noqa: F401  (the project root on sys.path)
-from report_output import write_report
-from scenarios import BY_NAME, SCENARIOS, models
+from report_output import first_prompt_markdown, write_report
+from scenarios import BY_NAME, FIRST_PROMPT, SCENARIOS, models
 from tools.comfy_env import ROOT
 from tools.harness import cli
 from tools.harness.child import cache_env, run_result_process
@@ -58,28 +52,34 @@ def quality(outputs: Path, family: str, scenario: str) -> dict:
 
 
 def main() -> None:
-    parser = cli.parser(__doc__)
+    parser = cli.parser(__doc__, rounds=5)
     parser.add_argument("--quick", action="store_true", help="the small models (make bench-quick)")
     parser.add_argument("--out", help="where REPORT.md and its charts go (default: docs/benchmarks, or "
-                                      "bench/results/quick with --quick)")
-    parser.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS),
-                        help="names from bench/scenarios.py; FAMILY:NAME runs one on that family only")
+                                      "bench/results/quick with --quick; --first-prompt: bench/results)")
+    parser.add_argument("--scenarios", help="names from bench/scenarios.py (default: all; --first-prompt: "
+                                            f"{','.join(FIRST_PROMPT)}); FAMILY:NAME runs one on that family only")
     parser.add_argument("--families", default="sd15,flux")
     parser.add_argument("--update", action="store_true",
                         help="keep the other models' tables of the report in --out (same machine and versions)")
+    parser.add_argument("--first-prompt", action="store_true",
+                        help="only each scenario's first prompt after a cold start, in --rounds fresh processes each")
     args = parser.parse_args()
-    out = Path(args.out or (ROOT / "bench" / "results" / "quick" if args.quick else ROOT / "docs" / "benchmarks"))
+    pool = list(BY_NAME.values()) if args.first_prompt else SCENARIOS
+    results = ROOT / "bench" / "results"
+    out = Path(args.out or (results if args.first_prompt else results / "quick" if args.quick else
+                            ROOT / "docs" / "benchmarks"))
     wanted: dict[str, set[str]] = {"eager": set()}
-    for item in args.scenarios.split(","):
+    default = FIRST_PROMPT if args.first_prompt else [s.name for s in SCENARIOS]
+    for item in (args.scenarios or ",".join(default)).split(","):
         family, _, name = item.rpartition(":")
         wanted.setdefault(name, set()).add(family or "*")
-    unknown = sorted(set(wanted) - {s.name for s in SCENARIOS})
+    unknown = sorted(set(wanted) - {s.name for s in pool})
     if unknown:
-        parser.error(f"unknown scenario {', '.join(unknown)}; pick from {', '.join(s.name for s in SCENARIOS)}")
+        parser.error(f"unknown scenario {', '.join(unknown)}; pick from {', '.join(s.name for s in pool)}")
     bench_models = {f: m for f, m in models(args.quick).items() if f in args.families.split(",")}
     skipped, plan = [], {}
     for family in bench_models:
-        asked = [s for s in SCENARIOS if wanted.get(s.name, set()) & {"*", family}]
+        asked = [s for s in pool if wanted.get(s.name, set()) & {"*", family}]
         skipped += [{"family": family, "scenario": s.name, "why": s.why_not}
                     for s in asked if family not in s.families]
         runnable = [s for s in asked if family in s.families]
@@ -89,6 +89,8 @@ def main() -> None:
     if missing:  # found before an hour of runs, not at the scenario that needs the file
         parser.error(f"model files missing from ComfyUI's diffusion_models folder: {', '.join(missing)}; write "
                      f"them with `{'make bench-quick' if args.quick else 'make models'}` (tools/make_models.py)")
+    if args.first_prompt:
+        return first_prompts(plan, bench_models, args.rounds, args.quick, out)
     kept = kept_families(out, set(bench_models), args.quick) if args.update else None
     runs, measured = [], {}
     with tempfile.TemporaryDirectory(prefix="accel-report-") as tmp:
@@ -121,6 +123,30 @@ def main() -> None:
         bench_models = {f: m for f, m in models(args.quick).items() if f in measured}
     report = write_report(out, runs, skipped, bench_models, quick=args.quick, measured=measured)
     print(f"wrote {report}")
+
+
+def first_prompts(plan: dict, bench_models: dict, rounds: int, quick: bool, out: Path) -> None:
+    """--first-prompt: each scenario's first prompt in `rounds` fresh processes with empty caches of their own (the
+    child's "warm" phase on an empty cache), the scenarios interleaved round by round so that the machine's drift
+    falls on all of them alike; out/first_prompt[_quick].md (medians against eager's) and .json."""
+    started, times = time.time(), {}
+    with tempfile.TemporaryDirectory(prefix="accel-first-prompt-") as tmp:
+        for family, scenarios in plan.items():
+            warm_up(bench_models[family], Path(tmp), quick, swapping=False)  # no Swap Weights: its file unread
+            times[family] = {s.name: [] for s in scenarios}
+            for round_no in range(rounds):
+                for scenario in scenarios:
+                    run_dir = Path(tmp) / f"{family}-{scenario.name}-{round_no}"
+                    (run_dir / "outputs").mkdir(parents=True)
+                    result = run_child(scenario.name, family, "warm", run_dir / "cache", run_dir / "outputs", quick)
+                    times[family][scenario.name].append(result["first_prompt_s"])
+                    print(json.dumps({"family": family, "scenario": scenario.name, "round": round_no + 1,
+                                      "first_prompt_s": round(result["first_prompt_s"], 2)}), flush=True)
+    text = first_prompt_markdown(times, bench_models, rounds, started, quick)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"first_prompt{'_quick' if quick else ''}.md").write_text(text + "\n")
+    (out / f"first_prompt{'_quick' if quick else ''}.json").write_text(json.dumps(times, indent=1))
+    print(text)
 
 
 def model_folder() -> Path:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import statistics
+import time
 from pathlib import Path
 
 import _path  # noqa: F401  (the project root on sys.path)
 from tools.harness.machine import versions
+from tools.harness.results import markdown_table
 
 HEADLINE_CHART = "report_headline.png"  # first prompt and steady speed against eager: the README shows it
 QUALITY_CHART = "report_quality_speed.png"
@@ -241,6 +244,32 @@ def markdown(runs: list[dict], skipped: list[dict], bench_models: dict, info: di
         "largest value; *PSNR*: of the decoded image against eager's (`equal`: identical). Caches (DeepCache, "
         "EasyCache) trade error for speed by design; compiled blocks differ from eager by rounding only.",
         "- *peak RSS*: the process's high-water mark (the background child's peak is listed apart).", ""]
+    return "\n".join(lines)
+
+
+def first_prompt_markdown(results: dict, bench_models: dict, rounds: int, started: float, quick: bool) -> str:
+    """`report.py --first-prompt`'s document: per model, each scenario's median first prompt, every round, and
+    the median's ratio to eager's median against the bound."""
+    from scenarios import BY_NAME
+
+    info, minutes = versions(), (time.time() - started) / 60
+    lines = ["# The first prompt after a cold start, with the pack and without it", "",
+             f"`bench/report.py --first-prompt{' --quick' if quick else ''} --rounds {rounds}`, one run, "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {minutes:.0f} min. Machine: "
+             f"{info['machine']}; Python {info['python']}, torch {info['torch']}, ComfyUI {info['comfyui']}.", "",
+             "Each number is one fresh process with empty caches (torch's and the pack's): the prompt's loaders, "
+             "the scenario's nodes at their defaults, sampling and decoding, as the report's first prompt. The "
+             f"scenarios run interleaved, {rounds} rounds, after one unmeasured eager process per model (its files "
+             f"in the page cache). Bound: the median at most {FIRST_PROMPT_BOUND}x eager's median.", ""]
+    for family, times in results.items():
+        bench, eager = bench_models[family], statistics.median(times["eager"])
+        rows = [[BY_NAME[name].label, f"{statistics.median(values):.2f}", ", ".join(f"{v:.2f}" for v in values),
+                 f"{statistics.median(values) / eager:.2f}x", "-" if name == "eager" else
+                 ("yes" if statistics.median(values) / eager <= FIRST_PROMPT_BOUND else "no")]
+                for name, values in times.items()]
+        lines += [f"## {bench.label}, {bench.latent}x{bench.latent} latent, {bench.steps} steps, cfg {bench.cfg}", "",
+                  *markdown_table(["scenario", "first prompt, median (s)", "each round (s)", "median / eager's",
+                                   "within 1.2x"], rows), ""]
     return "\n".join(lines)
 
 

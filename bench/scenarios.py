@@ -32,12 +32,13 @@ SCENARIOS = (
     Scenario("all", "Compile Model + DeepCache + Compile VAE", ("compile", "deepcache", "compile_vae"), ("sd15",),
              SD15_ONLY_ALL),
 )
-# Timed by bench/first_prompt.py only, not a row of the report: the issue's "Compile Model and Compile VAE" first
-# prompt (the report's "all" row has both, with DeepCache, which shortens the sampling).
+# Timed by `report.py --first-prompt` only, not a row of the report: the issue's "Compile Model and Compile VAE"
+# first prompt (the report's "all" row has both, with DeepCache, which shortens the sampling).
 FIRST_PROMPT_ONLY = (
     Scenario("compile_and_vae", "Compile Model + Compile VAE", ("compile", "compile_vae"), ("sd15",), SD15_ONLY_VAE),
 )
 BY_NAME = {s.name: s for s in SCENARIOS + FIRST_PROMPT_ONLY}
+FIRST_PROMPT = ("eager", "compile", "compile_vae", "compile_and_vae")  # `report.py --first-prompt`'s default
 
 
 @dataclass(frozen=True)
