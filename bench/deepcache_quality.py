@@ -133,9 +133,10 @@ def settings(pack, patcher, args):
 
 
 def run_settings(cases, generate, observe, repeats: int = 0, rounds: int = 0):
-    """Each setting's output, what `observe()` read after its generation, and its times: `repeats` timed
-    generations of each setting in a row (the last one's output kept), or one untimed generation of each, then
-    `rounds` timed rounds over all the settings (a drift of the machine's speed spreads over every setting)."""
+    """Each setting's output, what `observe()` read after its generation, its median seconds and its times:
+    `repeats` timed generations of each setting in a row (the last one's output kept), or one generation of each
+    (the warm-up: the first of its times, left out of the median), then `rounds` rounds over all the settings (a
+    drift of the machine's speed over minutes then spreads over every setting, instead of landing on one)."""
     outputs, observed, times = {}, {}, {name: [] for name, *_ in cases}
 
     def once(name, model):
@@ -148,14 +149,12 @@ def run_settings(cases, generate, observe, repeats: int = 0, rounds: int = 0):
         for _ in range(repeats or 1):
             once(name, model)
         print(f"  {name}: {', '.join(f'{t:.1f}' for t in times[name])} s", flush=True)
-    if not repeats:
-        times = {name: [] for name in times}  # the first generation was the warm-up
-        for round_ in range(rounds):
-            for name, _, _, model in cases:
-                once(name, model)
-            print(f"  round {round_ + 1}/{rounds}: " + ", ".join(f"{t[-1]:.1f}" for t in times.values()) + " s",
-                  flush=True)
-    return outputs, observed, {name: statistics.median(t) for name, t in times.items()}, times
+    for round_ in range(0 if repeats else rounds):
+        for name, _, _, model in cases:
+            once(name, model)
+        print(f"  round {round_ + 1}/{rounds}: " + ", ".join(f"{t[-1]:.1f}" for t in times.values()) + " s",
+              flush=True)
+    return outputs, observed, {name: statistics.median(t[0 if repeats else 1:]) for name, t in times.items()}, times
 
 
 def block_work(work: BlockWork):
@@ -228,7 +227,8 @@ def evaluate_flux(args, pack, run, patcher):
     print("", *markdown_table(
         ["setting", "speedup (wall)", "block compute skipped", "its speedup limit", "PSNR vs full (dB)",
          "classifier accuracy"],
-        [[r["setting"], f"{r['speedup']:.2f}x", f"{100 * r['block_compute_skipped']:.1f}%", f"{r['speedup_limit']:.2f}x",
+        [[r["setting"], f"{r['speedup']:.2f}x", f"{100 * r['block_compute_skipped']:.1f}%",
+          f"{r['speedup_limit']:.2f}x",
           (("reference" if r["method"] == "full" else "equal to full") if math.isinf(r["psnr_vs_full"])
            else f"{r['psnr_vs_full']:.2f}"), f"{r['accuracy']:.3f}"] for r in rows]), sep="\n")
     print(f"\nreal held-out digits: classifier accuracy {real_accuracy:.3f}; {10 * args.per_class} images per setting")
@@ -274,7 +274,7 @@ def evaluate_wan(args, pack, run, patcher, weights: dict):
         temporal = frame_psnr(video.diff(dim=1), reference.diff(dim=1))
         rows.append(with_speed({"setting": name, "method": method, "knob": knob}, seconds[name], seconds[full],
                                works[name], works[full]) | {
-            "times": times[name], "equal_to_full": equal, "psnr_vs_full": None if equal else frame.mean().item(),
+            "times": times[name][1:], "equal_to_full": equal, "psnr_vs_full": None if equal else frame.mean().item(),
             "psnr_worst_frame": None if equal else frame.min().item(), "ssim_vs_full": ssim.mean().item(),
             "ssim_worst_frame": ssim.min().item(), "temporal_psnr_vs_full": None if equal else temporal.mean().item()})
     table = []

@@ -1,30 +1,6 @@
-"""DeepCache speed: the full-size SD1.5 UNet (accel-sd15-a) through ComfyUI's sampler, with and without DeepCache.
-
-Settings (issue #4): `--steps` 20, 32x32 latent, euler, cfg 7 (cond and uncond batched: UNet batch 2), branch 0.
-For each interval (2, 3, 5) it reports the run's wall time, the speedup against no cache, and beside it the limit
-N / (1 + (N-1) s), where s is the shallow path's share of a full UNet call measured by timing: the median time of
-a shallow step over the median time of a full step, from the same runs. The FLOP estimate of s that the node
-reports is given too.
-
-Reference, in the same process with the same steps: the registry package DeepCache (`DeepCacheSDHelper`,
-branch 0) on a diffusers `UNet2DConditionModel` of the same configuration, driven by the same kind of loop
-(Euler, cfg, batch 2); its own speedup at each interval. It needs the packages in bench/requirements.txt and is
-skipped with a message when they are missing (`--no-reference` skips it on purpose).
-
-Each configuration runs `--repeats` times, in rotating order so that a slow phase of the machine does not fall
-on one configuration; medians are reported. Results: bench/results/deepcache_speed.json.
-
-`--family flux`: DeepCache's speed on the benchmark Flux (tools/family_models.FLUX_BENCH: hidden 3072, 24 heads, 2
-double + 4 single blocks, 1.3 B parameters; `make models` writes it), beside core ComfyUI's EasyCache, each alone
-and with Compile Model, side by side in one process; cfg 1 (one model call per step), euler, 16x16 latent, T5-width
-prompt states fed directly. Settings: full compute, EasyCache (its defaults), DeepCache adaptive (its defaults) and
-DeepCache at interval 3; then the same with Compile Model (choose "always compiled", so that the compiled blocks
-run: on this CPU its auto mode keeps Flux's blocks eager, docs/benchmarks/compile_flux.md). Per setting: the median
-seconds of `--repeats` samplings, the speedup against full compute (eager, and compiled for the compiled settings),
-the share of the blocks' compute skipped (block calls counted by forward pre-hooks in the eager settings) and the
-speedup that share allows, and the output's error against full compute. After one warm-up sampling of each
-setting, the repeats run in rounds over all settings (the machine's speed drifts over minutes; a round spreads a
-drift over every setting). Results: bench/results/deepcache_flux_speed.json.
+"""DeepCache's speed through ComfyUI's sampler: the full-size SD1.5 UNet at intervals 2, 3 and 5 against no cache,
+beside the registry package DeepCache on diffusers (bench/requirements.txt); `--family flux` the benchmark Flux
+beside core EasyCache, each alone and with Compile Model. What each measures: bench/README.md.
 
     .venv/bin/python bench/deepcache_speed.py [--repeats 3] [--attention pytorch] [--steps 4 --repeats 1]
     .venv/bin/python bench/deepcache_speed.py --family flux [--steps 20] [--latent 16] [--repeats 3]
@@ -37,12 +13,13 @@ import time
 import types
 
 import _path  # noqa: F401  (the project root on sys.path)
+from deepcache_quality import block_work, run_settings
 from digits import BlockWork
 from tools.comfy_env import comfyui_version, import_comfyui, load_pack
 from tools.family_models import FLUX_BENCH
 from tools.harness import cli
 from tools.harness.machine import cpu_model
-from tools.harness.results import results_path, write_report
+from tools.harness.results import markdown_table, results_path, write_report
 from tools.harness.sampling import conditioning, sample
 
 SD15_DIFFUSERS = dict(  # diffusers' names for the SD1.5 UNet configuration (tools/make_models.py SD15_FULL)
@@ -196,49 +173,34 @@ def flux_side(args, pack) -> None:
 
     net = model.model.diffusion_model
     work = BlockWork(net.double_blocks, net.single_blocks)
-    runs = [(base_name, name, cache(base)) for base_name, base in bases for name, cache in caches.items()]
-    first, times, works, outputs = {}, {}, {}, {}
-    for base_name, name, patched in runs:  # warm-up, one each (Compile Model: its compile)
-        first[base_name, name] = sample_flux(patched, args.latent, args.steps)[1]
-        print(f"  warm-up {base_name:13s} {name:30s} {first[base_name, name]:6.1f} s", flush=True)
-    # Rounds over every setting in turn, not each setting's repeats in a row: this machine's speed drifts over
-    # minutes, and a drift must not land on one setting.
-    for _ in range(args.repeats):
-        for base_name, name, patched in runs:
-            work.total = 0.0
-            outputs[base_name, name], seconds = sample_flux(patched, args.latent, args.steps)
-            times.setdefault((base_name, name), []).append(seconds)
-            works[base_name, name] = work.total
-    reference = outputs["eager", "full compute"]
-    full_seconds = {base_name: statistics.median(times[base_name, "full compute"]) for base_name, _ in bases}
-    rows = []
-    for base_name, name, _ in runs:
-        seconds, out = statistics.median(times[base_name, name]), outputs[base_name, name]
-        row = {"base": base_name, "setting": name, "first_seconds": first[base_name, name], "seconds": seconds,
-               "runs": times[base_name, name], "speedup_vs_full_eager": full_seconds["eager"] / seconds,
-               "speedup_vs_full_same_base": full_seconds[base_name] / seconds,
-               "error_vs_full_eager": float((out - reference).abs().max() / reference.abs().max()),
-               # hooks count calls of the modules, exact in the eager settings; compiled blocks skip the same
-               # calls (the decision is plain Python outside compiled code)
-               "block_compute_skipped": 1.0 - works["eager", name] / works["eager", "full compute"]}
-        row["speedup_limit"] = 1.0 / (1.0 - row["block_compute_skipped"])
-        rows.append(row)
-        print(f"  {base_name:13s} {name:30s} {seconds:7.2f} s (first {row['first_seconds']:6.1f} s)  "
-              f"x{row['speedup_vs_full_same_base']:.2f} of its base (limit x{row['speedup_limit']:.2f}), "
-              f"x{row['speedup_vs_full_eager']:.2f} of eager; error {row['error_vs_full_eager']:.2e}", flush=True)
+    # warmed up once each (Compile Model: its compile), then rounds over every setting
+    cases = [((base_name, name), None, None, cache(base)) for base_name, base in bases
+             for name, cache in caches.items()]
+    outputs, works, seconds, times = run_settings(cases, lambda m: sample_flux(m, args.latent, args.steps)[0],
+                                                  block_work(work), rounds=args.repeats)
     work.close()
+    reference, rows = outputs["eager", "full compute"], []
+    for (base_name, name), *_ in cases:
+        out = outputs[base_name, name]
+        # hooks count calls of the modules, exact in the eager settings; compiled blocks skip the same calls (the
+        # decision is plain Python outside compiled code)
+        skipped = 1.0 - works["eager", name] / works["eager", "full compute"]
+        rows.append({"base": base_name, "setting": name, "first_seconds": times[base_name, name][0],
+                     "seconds": seconds[base_name, name], "runs": times[base_name, name][1:],
+                     "speedup_vs_full_eager": seconds["eager", "full compute"] / seconds[base_name, name],
+                     "speedup_vs_full_same_base": seconds[base_name, "full compute"] / seconds[base_name, name],
+                     "error_vs_full_eager": float((out - reference).abs().max() / reference.abs().max()),
+                     "block_compute_skipped": skipped, "speedup_limit": 1.0 / (1.0 - skipped)})
 
-    print(f"\n| base | setting | median s ({args.steps} steps) | speedup vs full, same base | limit from blocks "
-          "skipped | speedup vs full eager | error vs full eager |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        print(f"| {r['base']} | {r['setting']} | {r['seconds']:.2f} | {r['speedup_vs_full_same_base']:.2f}x | "
-              f"{r['speedup_limit']:.2f}x ({100 * r['block_compute_skipped']:.0f}% skipped) | "
-              f"{r['speedup_vs_full_eager']:.2f}x | {r['error_vs_full_eager']:.1e} |")
+    print("", *markdown_table(
+        ["base", "setting", f"median s ({args.steps} steps)", "speedup vs full, same base", "limit from blocks skipped",
+         "speedup vs full eager", "error vs full eager"],
+        [[r["base"], r["setting"], f"{r['seconds']:.2f}", f"{r['speedup_vs_full_same_base']:.2f}x",
+          f"{r['speedup_limit']:.2f}x ({100 * r['block_compute_skipped']:.0f}% skipped)",
+          f"{r['speedup_vs_full_eager']:.2f}x", f"{r['error_vs_full_eager']:.1e}"] for r in rows]), sep="\n")
     write_report("deepcache_flux_speed", {"model": args.model, "steps": args.steps, "latent": args.latent,
                                           "repeats": args.repeats, "torch_threads": torch.get_num_threads(),
                                           "rows": rows})
-
 
 
 def main() -> None:
