@@ -1,29 +1,22 @@
-"""Cold start with the defaults: the child's hand-over, a warm restart and a new fleet worker (#33).
-
-Compile Model with its defaults (choose auto, background compile), so each kind is compiled by a child process
-and saved whole as a precompiled function (accel/compile/precompiled.py). Each round runs three fresh processes
-in turn, one local cache directory shared by the first two and one Redis store (tools/redis_server.py) shared by
-all three:
-- "first": empty cache and store. Prompt 1 runs eagerly while the child compiles; once the background work is
-  done, prompt 2 is its first compiled prompt (it loads the precompiled functions: the hand-over);
-- "restart": the first's cache. Prompt 1 runs eagerly while inductor's CPU checks run (a thread, at an idle
-  moment); then its first compiled prompt;
-- "worker": an empty local cache, the store: the same as a new fleet worker.
-Every process also times eager prompts of the same model, interleaved with its compiled prompts after the first,
-so each ratio is to its own eager. Reported per process: Dynamo frames and compile seconds in the process, the
-child's wall seconds, the precompiled functions' load seconds, each prompt's seconds, and the outputs' hash (a new
-worker's must equal the first's). Medians over rounds.
+"""Cold start with Compile Model in fresh processes on shared caches (bench/README.md): rounds of three (a first
+process, a restart and a new fleet worker on a Redis store, #33), or with --loaded-vs-compiled of two (one that
+compiles every kind, one that loads them from the cache, #32), or --one-process (precompiled functions against
+Dynamo's graphs of the same kinds, ACCEL_CACHE_DIR an empty folder of your choice).
 
     .venv/bin/python bench/cold_start.py [--rounds 2] [--model accel-sd15-small.safetensors] [--steps 4]
+    .venv/bin/python bench/cold_start.py --loaded-vs-compiled [--rounds 3] [--samplings 5]
+    ACCEL_CACHE_DIR=/tmp/some-empty-dir .venv/bin/python bench/cold_start.py --one-process [--rounds 6]
 """
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import _path  # noqa: F401  (the project root on sys.path)
@@ -33,40 +26,48 @@ from tools.harness.results import write_report
 from tools.harness.sampling import conditioning, sample
 
 SECRET = "bench-fleet-secret-0123456789"
+FLEET = {"first": "a", "restart": "a", "worker": "b"}  # each process's local cache: a restart has the first's
+PAIR = {"compiled": "a", "loaded": "a"}  # the loaded process starts on the compiled one's cache
 
 
-def run_process(side: str, model_name: str, steps: int, latent: int) -> dict:
+def load(args):
+    """The pack's engine, the pack, the eager model, and prompt(patcher) -> Sampled: cfg 7, euler."""
     from tools.comfy_env import import_comfyui, load_pack
 
     import_comfyui(cpu=True)
     import nodes
+
+    pack = load_pack().accel
+    (model,) = nodes.UNETLoader().load_unet(args.model, "default")
+    conds = conditioning()
+    return pack.compile, pack, model, lambda patcher: sample(patcher, conds, (1, 4, args.latent, args.latent),
+                                                               args.steps, 7.0)
+
+
+def fleet_process(side: str, args) -> dict:
+    """One process of a fleet round: an eager prompt, prompt 1 with the defaults (eagerly, while the child
+    compiles or the CPU checks run), the background work waited for, the first compiled prompt (it loads the
+    precompiled functions: the hand-over), then eager and compiled prompts interleaved."""
     from torch._dynamo.utils import counters
 
-    engine = load_pack().accel.compile
-    (model,) = nodes.UNETLoader().load_unet(model_name, "default")
+    engine, _, model, prompt = load(args)
     compiled = engine.compile_model(model, engine.CompileOptions())
-    conds = conditioning()
-
-    def prompt(patcher):
-        run = sample(patcher, conds, (1, 4, latent, latent), steps, 7.0)
-        return run.seconds, run.out
-
-    eager_first, _ = prompt(model)
-    first_s, _ = prompt(compiled)  # eagerly, while the child compiles (or the CPU checks run)
+    eager_first = prompt(model).seconds
+    first_s = prompt(compiled).seconds
     wait_start = time.perf_counter()
     engine.background.BACKGROUND.wait(timeout=1800)
     waited = time.perf_counter() - wait_start
     frames = counters["frames"]["ok"]
-    handover_s, _ = prompt(compiled)  # the first compiled prompt: loads the precompiled functions
+    handover_s = prompt(compiled).seconds
     eager_s, compiled_s = [], []
     for _ in range(3):  # interleaved: the machine's drift falls on both
-        eager_s.append(prompt(model)[0])
-        compiled_s.append(prompt(compiled)[0])
+        eager_s.append(prompt(model).seconds)
+        compiled_s.append(prompt(compiled).seconds)
     stats = engine.REGISTRY.stats()
     frames_at_end = counters["frames"]["ok"]
     # The outputs compared across processes: auto mode times some calls eagerly, and which ones depends on the
     # machine's noise, so the comparison goes through an always-compiled clone (the same kinds and graphs).
-    _, out = prompt(engine.compile_model(model, engine.CompileOptions(choose="always compiled")))
+    out = prompt(engine.compile_model(model, engine.CompileOptions(choose="always compiled"))).out
     kinds = [k for k in stats["kinds"] if k["precompiled"]["functions"]]
     env = stats["compile_cache"]["environments"][0]
     return {"side": side, "eager_first_prompt_s": eager_first, "first_prompt_s": first_s, "waited_s": waited,
@@ -82,26 +83,100 @@ def run_process(side: str, model_name: str, steps: int, latent: int) -> dict:
             "output_sha256": hashlib.sha256(out.numpy().tobytes()).hexdigest()[:16]}
 
 
-def one_round(model: str, steps: int, latent: int) -> dict:
+def small_op_us(op, repeats: int = 300) -> float:
+    """Median microseconds of `op()` in this thread."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        op()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def pair_process(side: str, args) -> dict:
+    """--loaded-vs-compiled: "compiled" compiles every kind in its prompt thread (choose=always compiled, so both
+    processes run the very same graphs); "loaded" starts with the defaults on that cache, as a restarted ComfyUI
+    (CPU checks, a child saving each kind whole, its precompiled functions loaded), then samples through an always
+    compiled clone. Both: steady samplings, and a sampler-sized cat and fill_ in the prompt thread (the CPU-side ops
+    that took 4-6 ms in the slow loaded processes of docs/benchmarks/gpu_h100.md), and the thread report."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    engine, pack, model, prompt = load(args)
+    always = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
+    if side == "loaded":  # a restarted ComfyUI: the defaults find the kinds in the cache and load them off-path
+        prompt(engine.compile_model(model, engine.CompileOptions()))
+        engine.background.BACKGROUND.wait(timeout=900)
+    prompt(always)  # compiles (compiled) or is already loaded (loaded)
+    frames = counters["frames"]["ok"]
+    times = [prompt(always).seconds for _ in range(args.samplings)]
+    a, b = torch.randn(1, 77, 4096), torch.randn(1, 77, 4096)
+    filled = torch.empty(1, 77, 4096)
+    return {"side": side, "sampling_s": times, "median_sampling_s": statistics.median(times),
+            "frames_while_timing": counters["frames"]["ok"] - frames,
+            "cat_us": small_op_us(lambda: torch.cat([a, b])), "fill_us": small_op_us(lambda: filled.fill_(0.5)),
+            "threads": importlib.import_module(pack.__name__ + ".diagnostics").thread_report(),
+            "background": {k: v for k, v in engine.REGISTRY.stats()["background"].items()
+                           if k in ("cpu_checks", "finished")},
+            "precompiled_calls": sum(k["precompiled"]["calls"] for k in engine.REGISTRY.stats()["kinds"])}
+
+
+def one_process(args) -> None:
+    """--one-process: the defaults' child compiles the kinds and saves them whole, this process loads them; then an
+    always compiled clone samples, alternately served by those precompiled functions and, with them set aside, by
+    Dynamo's own graphs of the same kinds (from torch's caches), with eager samplings between, in rounds."""
+    engine, _, model, prompt = load(args)
+    defaults = engine.compile_model(model, engine.CompileOptions())
+    prompt(defaults)
+    engine.background.BACKGROUND.wait(timeout=900)
+    prompt(defaults)
+    always = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
+    prompt(always)
+    entries = list(engine.REGISTRY._entries.values())
+    saved = {id(e): e.precompiled.functions for e in entries}
+
+    def serve_precompiled(yes: bool) -> None:
+        for entry in entries:
+            entry.precompiled.functions = saved[id(entry)] if yes else {}
+
+    serve_precompiled(False)
+    prompt(always)  # Dynamo makes its graphs of the same kinds (from torch's caches)
+    times = {"precompiled": [], "dynamo": [], "eager": []}
+    for _ in range(args.rounds or 6):
+        serve_precompiled(True)
+        times["precompiled"].append(prompt(always).seconds)
+        serve_precompiled(False)
+        times["dynamo"].append(prompt(always).seconds)
+        times["eager"].append(prompt(model).seconds)
+    medians = {side: statistics.median(values) for side, values in times.items()}
+    for side, values in times.items():
+        print(f"{side}: median {medians[side]:.3f} s {[round(v, 3) for v in values]}")
+    print(f"precompiled / dynamo: {medians['precompiled'] / medians['dynamo']:.3f}")
+    print("kinds (label, Dynamo frames, precompiled calls):",
+          [(e.kind.label, e.compiles, e.precompiled.calls) for e in entries])
+
+
+def one_round(sides: dict) -> dict:
+    """Each side in a fresh process of its own, in turn, on its local cache; a fleet's on one Redis store too."""
     from tools.redis_server import RedisServer
 
-    args = ["--model", model, "--steps", str(steps), "--latent", str(latent)]
-    with tempfile.TemporaryDirectory(prefix="accel-bench-cold-") as tmp, RedisServer(Path(tmp) / "redis") as redis:
-        store = {"ACCEL_REMOTE_CACHE": redis.url, "ACCEL_REMOTE_CACHE_KEY": SECRET}
+    with tempfile.TemporaryDirectory(prefix="accel-bench-cold-") as tmp, \
+            RedisServer(Path(tmp) / "redis") if sides is FLEET else nullcontext() as redis:
+        store = {"ACCEL_REMOTE_CACHE": redis.url, "ACCEL_REMOTE_CACHE_KEY": SECRET} if redis else {}
         found = {}
-        for side, cache in (("first", "a"), ("restart", "a"), ("worker", "b")):
-            found[side] = run_result_process([sys.executable, __file__, "--child", side, *args],
+        for side, cache in sides.items():
+            found[side] = run_result_process([sys.executable, __file__, "--child", side, *sys.argv[1:]],
                                              {**cache_env(Path(tmp) / cache), **store}, side)
-            print(json.dumps(found[side]), flush=True)
+            print(json.dumps({k: v for k, v in found[side].items() if k != "threads"}), flush=True)
     return found
 
 
-def summary(rounds: list[dict]) -> dict:
+def fleet_summary(rounds: list[dict]) -> dict:
     def med(values):
         return round(statistics.median(values), 3)
 
     out = {}
-    for side in ("first", "restart", "worker"):
+    for side in FLEET:
         runs = [r[side] for r in rounds]
         out[side] = {
             "first_compiled_prompt_vs_eager": med([r["first_compiled_prompt_s"] / statistics.median(r["eager_s"])
@@ -124,13 +199,29 @@ def summary(rounds: list[dict]) -> dict:
 
 
 def main() -> None:
-    parser = cli.parser(__doc__, child=True, model="accel-sd15-small.safetensors", steps=4, latent=32, rounds=2)
+    parser = cli.parser(__doc__, child=True, model="accel-sd15-small.safetensors", steps=4, latent=32, rounds=None)
+    parser.add_argument("--loaded-vs-compiled", action="store_true",
+                        help="a process that compiles every kind against one that loads them")
+    parser.add_argument("--samplings", type=int, default=5, help="--loaded-vs-compiled: timed steady samplings")
+    parser.add_argument("--one-process", action="store_true",
+                        help="precompiled functions against Dynamo's graphs in one process")
     args = parser.parse_args()
+    if args.one_process:
+        return one_process(args)
     if args.child:
-        return print_result(run_process(args.child, args.model, args.steps, args.latent))
-    rounds = [one_round(args.model, args.steps, args.latent) for _ in range(args.rounds)]
-    write_report("cold_start", {"model": args.model, "latent": args.latent, "cfg_batch": 2, "steps": args.steps,
-                                "rounds": rounds, "ratios": summary(rounds)})
+        return print_result((fleet_process if args.child in FLEET else pair_process)(args.child, args))
+    settings = {"model": args.model, "latent": args.latent, "steps": args.steps}
+    if not args.loaded_vs_compiled:
+        rounds = [one_round(FLEET) for _ in range(args.rounds or 2)]
+        write_report("cold_start", {**settings, "cfg_batch": 2, "rounds": rounds, "ratios": fleet_summary(rounds)})
+        return
+    rounds = [one_round(PAIR) for _ in range(args.rounds or 3)]
+
+    def median(side: str, key: str) -> float:
+        return statistics.median(r[side][key] for r in rounds)
+
+    write_report("loaded_vs_compiled", {**settings, "rounds": rounds, "ratios": {
+        key: median("loaded", key) / median("compiled", key) for key in ("median_sampling_s", "cat_us", "fill_us")}})
 
 
 if __name__ == "__main__":
