@@ -1,21 +1,7 @@
-"""Compile Model on every generated model family, on whatever device this machine has (a CUDA GPU if torch sees
-one, else the CPU): is every family's output equal to eager's, does anything recompile, what does it cost.
-
-For each family of tools/families.py (tiny depths, ComfyUI's own classes, detected by its UNETLoader), in one
-process with empty compile caches of its own (TORCHINDUCTOR_CACHE_DIR and ACCEL_CACHE_DIR in a temporary folder):
-eager; Compile Model's defaults (choose=auto: first sampling, the background child, the sampling that loads its
-graphs, steady); choose=always compiled. Reports per family the seconds of each first sampling, steady seconds per
-step, compiles on the repeat, each output's largest error relative to eager's largest value, and the path auto
-mode chose for each kind. The models are tiny: the timings say what compiling costs, not what it buys on a real
-model (bench/compile_model.py --family flux measures that at full width).
+"""Compile Model on every generated model family (tools/families.py) on whatever device torch sees, in one process
+with empty caches: each output against eager's, compiles on the repeat, what it costs (bench/README.md).
 
     python bench/compile_families.py [--families flux,wan21] [--steps 4] [--scale 2] [--rounds 5 --core]
-
-`--families flux-bench` runs the benchmark Flux of docs/benchmarks/REPORT.md (tools/family_models.FLUX_BENCH: 2 double
-+ 4 single blocks at full width, written by `make models`) with the generated Flux's conditioning and latent.
-
-With --rounds, the process then samples eager, the defaults, always compiled (and with --core ComfyUI's own
-TorchCompileModel) in turn, round after round, for steady speeds that the machine's drift cannot tilt.
 """
 from __future__ import annotations
 

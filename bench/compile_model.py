@@ -1,28 +1,6 @@
-"""Compile Model against eager and ComfyUI's own TorchCompileModel node, side by side in one run.
-
-Full-size SD1.5 UNet (accel-sd15-a), 32x32 latent, cfg (cond+uncond batched: UNet batch 2), euler. Each
-variant runs in a fresh process with an empty inductor cache of its own (a true cold start) and reports:
-cold first-sampling latency, steady seconds per step (median over a second run), peak RSS, and Dynamo
-compiles over a 3-size sweep after the first run. When Compile Model compiles in the background (its default),
-the script waits for the child process after the first sampling, then times one more sampling (the one that
-loads the child's graphs) before the steady run, and reports both and the child's wall time and peak RSS.
-`--variants eager` alone is the eager baseline the other benchmarks are measured against.
-
-`--family flux`: the benchmark Flux (tools/family_models.FLUX_BENCH: hidden 3072, 24 heads, 2 double + 4 single
-blocks, 1.3 B parameters), sampled at cfg 1 (guidance distilled: one model call per step), euler, with T5-width
-(4096) prompt states of 77 tokens and a pooled CLIP vector fed directly, on a CUDA GPU when torch sees one. Each
-variant in a fresh process with empty caches reports: the cold first sampling, the sampling after Compile Model's
-background child (if one ran), steady seconds per step (alone, and in turn with plain eager in the same process:
-the paired ratio the steady target is read from), peak RSS (and GPU memory), compiles over a prompt-length sweep
-(77, 154, 231 tokens) and a size sweep (latents 24 and 32 after 16) and over their repeats, and each output's
-largest error against eager's. Results: bench/results/compile_flux.json.
-
-`--steady`: steady speed of each compiled variant of the SD1.5 UNet against eager, in one process, the two
-interleaved. On a shared 2-core machine one process can run 20% faster or slower than the next, which swamps a
-comparison of steady seconds per step made across processes: each variant's process samples its compiled MODEL
-and the eager one it was made from (same weights) in alternating `--rounds`, after two warm-up runs of each, and
-reports the median seconds per step of each and their ratio. The variants share one compile cache directory (this
-is about speed, not cold start). Results: bench/results/compile_steady.json (compile_model.json without either).
+"""Compile Model against eager and ComfyUI's TorchCompileModel, each variant in a fresh process with empty caches:
+the full-size SD1.5 UNet; `--family flux` the benchmark Flux; `--steady` each compiled variant against the eager
+model it was made from, in one process. What each measures: bench/README.md.
 
     .venv/bin/python bench/compile_model.py [--steps 6] [--variants eager,core,accel]
     .venv/bin/python bench/compile_model.py --family flux [--steps 4] [--latent 16] [--variants eager,core,accel]

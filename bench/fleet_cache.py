@@ -1,14 +1,5 @@
-"""A fleet compiles once (#17): N = 1, 2, 4 ComfyUI workers started one after another on this machine, each with
-an empty local compile cache, against one Redis (ACCEL_REMOTE_CACHE), beside the same workers with no store.
-
-Each worker is a started ComfyUI server with this pack; its first prompt is the generated SD3 transformer
-(tools/soak_prompts.py, 3 steps; --model sd15: the small SD1.5 UNet at 128 px, 6 steps, several block kinds)
-through Compile Model with choose="always compiled" and the background compile off, so that whatever the worker
-compiles is in that prompt's path. Per worker: the first prompt's latency (queue to done, over HTTP), the compile
-seconds the pack counted, torch's FX graph cache misses (cold compiles), the artifacts it took from the store, and
-torch's own FX graph and AOTAutograd entries it read from the store (through the verifying endpoint) and published
-there. A fresh Redis for each N; the workers run one at a time (started when the one before has served its prompt
-and stopped), as a scale-up would start them.
+"""A fleet compiles once (#17): N = 1, 2, 4 ComfyUI workers started one after another, each with an empty local
+compile cache, against one Redis (ACCEL_REMOTE_CACHE), beside the same workers with no store (bench/README.md).
 
     python bench/fleet_cache.py [--out docs/benchmarks/fleet_cache.md] [--counts 1,2,4] [--model sd3]
 """

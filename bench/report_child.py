@@ -1,10 +1,5 @@
-"""One scenario on one model in a fresh process, for bench/report.py: the first prompt, then (a cold run) the
-steady state, as a ComfyUI server process would live through them.
-
-A prompt is what a workflow does: load the model file (ComfyUI's UNETLoader), apply the scenario's nodes, sample
-(ComfyUI's sampler, euler), decode (SD1.5: VAEDecode with TAESD). The first prompt's latency counts all of it;
-ComfyUI's and the pack's imports happen at a server's start, before any prompt, and are reported apart. Prompt
-conditioning is fed as tensors of the family's widths (no text encoder: a Flux text encoder is gigabytes).
+"""One scenario on one model in a fresh process, for bench/report.py: the first prompt (ComfyUI's loaders, the
+scenario's nodes, sampling, decoding), then (a cold run) the background compile and the steady state.
 
     bench/report_child.py SCENARIO FAMILY {cold,warm} OUTPUT_DIR [--quick]
 

@@ -1,14 +1,6 @@
-"""The long mixed run of #16 at full length: 30 prompts through one started ComfyUI server, mixing the five
-configurations of tools/soak_prompts.py (sizes, batch sizes, cfg 1 and cfg > 1, DeepCache on/off at two intervals,
-LoRA strengths, Swap Weights to another checkpoint and back, Compile Model on/off, KSampler and KSamplerAdvanced,
-the small SD1.5 UNet and the generated SD3 transformer) in six passes of shuffled order, each prompt compared with
-the same prompt run alone and eagerly in a fresh server (ACCEL_DISABLE_COMPILE=1), and timed against the same
-order of prompts in a server without Compile Model (ACCEL_DISABLE_COMPILE=1: the same model switches before each;
-ComfyUI's own execution timestamps, to the millisecond). The first pass is the warm-up: each of its prompts waits for
-its background compile. Writes docs/benchmarks/soak.md (or --out): per prompt, its time against the eager
-server's, the compiles made in its path (the pack's own count of compiles a prompt waited for), its largest
-difference from the fresh run and the server's RSS after it; the cold compiles after the first pass; the RSS
-after the last prompt against the fifth.
+"""The long mixed run of #16 at full length: 30 prompts through one started ComfyUI server, each compared with the
+same prompt alone in a fresh server and timed against a server without Compile Model (bench/README.md); writes
+docs/benchmarks/soak.md (or --out).
 
     python bench/soak.py [--out docs/benchmarks/soak.md] [--seed 0]
 """

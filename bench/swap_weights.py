@@ -1,20 +1,5 @@
-"""Swap Weights against stock ComfyUI switching checkpoints on a compiled model, side by side in one run.
-
-Full-size SD1.5 UNets (accel-sd15-a, then accel-sd15-b), CPU. Each variant runs in a fresh process (honest RSS,
-empty inductor cache of its own):
-
-- read-copy:   load A, then read B tensor by tensor (safetensors safe_open) and copy it into A's parameters: the
-               time to read and copy the weights alone, the floor for any switch.
-- stock:       A through UNETLoader + TorchCompileModel, sampled; the switch is a second UNETLoader for B,
-               TorchCompileModel, load and first sample (ComfyUI now holds both models).
-- accel:       A through UNETLoader + Compile Model, sampled; the switch is the Swap Weights node (in a workflow,
-               so it finds A's file and spills nothing), load and first sample; then back to A's own model.
-- accel-spill: the same, with A's file unknown to the node: A's weights are spilled to disk as they are replaced.
-
-Reported per variant: switch time (node and load: `switch_load_s`; plus the first sample: `switch_total_s`),
-Dynamo compiles during the switch, steady RSS of one model, peak RSS during the switch (the kernel's high-water
-mark, reset just before it) and RSS after it. On an NVIDIA GPU the same would be wanted in reduce-overhead mode with
-VRAM numbers; this script measures the CPU only.
+"""Swap Weights against stock ComfyUI switching checkpoints on a compiled model, each variant in a fresh process:
+the read-and-copy floor, stock, Swap Weights with the model's file known and with it unknown (bench/README.md).
 
     .venv/bin/python bench/swap_weights.py [--steps 2] [--latent 16] [--variants read-copy,stock,accel,accel-spill]
     # smoke run on the small test models:

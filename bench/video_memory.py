@@ -1,13 +1,5 @@
-"""Peak memory at video scale: Compile Model, DeepCache and both against eager, on a narrow Wan 2.1 with a latent
-of real proportions (832x480 pixels, 33 frames: a [1, 16, 9, 60, 104] latent, 14 040 tokens a frame stack).
-
-Each scenario runs in a fresh process with empty compile caches of its own (tools/harness/child.py): it loads the
-model with ComfyUI's UNETLoader, samples once (Compile Model's defaults: eagerly, while its background child
-compiles), waits for the child, samples again (the compiled blocks loaded) and reports the process's peak RSS
-(the kernel's high-water mark, VmHWM: both samplings, the load and the imports) and the child's peak, apart.
-cfg above 1 (cond and uncond in one batch), euler, `--steps` steps. The model: the trained video Wan of
-`bench/deepcache_quality.py --model wan` (bench/assets/digits_wan21.safetensors: narrow, 6 blocks; what matters
-here is what each node adds at this token count).
+"""Peak memory at video scale: Compile Model, DeepCache and both against eager, each in a fresh process, on the
+trained video Wan with a latent of real proportions (832x480 pixels, 33 frames; bench/README.md).
 
     .venv/bin/python bench/video_memory.py [--steps 3] [--frames 33] [--width 832] [--height 480]
 """
@@ -22,7 +14,7 @@ from tools.harness.results import write_report
 from tools.harness.sampling import conditioning, sample
 
 SCENARIOS = ("eager", "compile", "deepcache", "compile+deepcache")
-TRAINED = ROOT / "bench" / "assets" / "digits_wan21.safetensors"  # bench/digits_wan.py trained it
+TRAINED = ROOT / "bench" / "assets" / "digits_wan21.safetensors"  # bench/deepcache_quality.py --model wan trained it
 BOUND = 1.05
 
 
