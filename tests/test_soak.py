@@ -6,8 +6,9 @@ SD3 transformer (conditioning from a test-only node). Each configuration runs th
 same prompt run alone and eagerly in a fresh server (ACCEL_DISABLE_COMPILE=1: the Compile Model node passes the
 model through, so no background child spends CI's cores on a compile nobody loads): bit for bit without Compile
 Model, within the compiled tolerance with it (once the background compile is done, its prompts run compiled
-blocks). The later passes compile nothing cold (they may load what the background child compiled), and the last
-one leaves the server's memory where the one before it did.
+blocks). The mixed server uses the test run's compile cache, so it finds what earlier tests compiled for the same
+models and sends only the rest to its child. The later passes compile nothing cold (they may load what the
+background child compiled), and the last one leaves the server's memory where the one before it did.
 """
 from __future__ import annotations
 
@@ -20,14 +21,17 @@ from tools.soak_prompts import CONFIGS, EAGER, PASSES, cold_compiles, rss_mb, ru
 pytestmark = pytest.mark.server
 
 
-def test_a_long_mixed_run_equals_each_prompt_alone_in_a_fresh_server(tmp_path):
+def test_a_long_mixed_run_equals_each_prompt_alone_in_a_fresh_server(tmp_path, private_compile_cache):
     references = {}
     for i, prompt in enumerate(CONFIGS):  # each alone and eager, in a fresh server
         with server_of(tmp_path / f"fresh-{i}", EAGER) as fresh:
             references[prompt] = run_latent(fresh, prompt, f"fresh-{i}")
 
     outputs, rss_after_pass, jobs_after_pass = [], [], []
-    with server_of(tmp_path / "mixed") as mixed:
+    # The mixed server on the test run's compile cache: what the soak checks is state over a long run, not a cold
+    # compile (test_compile_model.py, test_faults.py and the server tests check those), so kinds an earlier test
+    # compiled load from the cache and only the rest go to a child (run alone: all of them).
+    with server_of(tmp_path / "mixed", {"ACCEL_CACHE_DIR": str(private_compile_cache)}) as mixed:
         for p, indices in enumerate(PASSES):
             for index in indices:
                 prompt, n = CONFIGS[index], len(outputs)
