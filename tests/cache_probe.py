@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--save-output", help="torch.save the sampled latent here")
     parser.add_argument("--family", help="a generated model family (tools/families.py) instead of the SD1.5 UNet")
     parser.add_argument("--save-eager", help="torch.save the latent sampled without Compile Model here")
+    parser.add_argument("--meet", help="a folder where two probes wait for each other before they compile")
     args = parser.parse_args()
 
     import_comfyui(cpu=True)
@@ -63,13 +65,28 @@ def main() -> None:
         model, run = load(nodes), lambda m: sample(m, size=args.size, batch=args.batch)
     if args.save_eager:
         torch.save(run(model), args.save_eager)
-    out = run(engine.compile_model(model, engine.CompileOptions(choose="always compiled")))
+    compiled = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
+    if args.meet:
+        meet(Path(args.meet), 2)
+    out = run(compiled)
     changed = diff(before, torch_state())
     if args.save_output:
         torch.save(out, args.save_output)
     stats = engine.REGISTRY.stats()
     print_result({"frames": dynamo_frames(), **stats["totals"], "compile_cache": stats["compile_cache"],
                   "paths": {k["kind"]: k["path"] for k in stats["kinds"]}, "torch_state_changes": changed})
+
+
+def meet(folder: Path, count: int, timeout: float = 300) -> None:
+    """Wait until `count` processes got here (each leaves a file in `folder`), so that they compile at once: a
+    process that started later, or sampled eagerly first, would otherwise find the other's graphs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / str(os.getpid())).touch()
+    deadline = time.monotonic() + timeout
+    while len(list(folder.iterdir())) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {len(list(folder.iterdir()))} of {count} processes came to {folder}")
+        time.sleep(0.01)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,16 @@ PROBE = Path(__file__).with_name("cache_probe.py")
 FAMILY = "ltxv"
 
 
-def start_probe(cache: Path, out: Path, eager: Path | None = None) -> subprocess.Popen:
-    """A probe process sampling into `out` (and eagerly into `eager` first, if given), running on its own."""
+def start_probe(cache: Path, out: Path, eager: Path | None = None,
+                meet: Path | None = None) -> subprocess.Popen:
+    """A probe process sampling into `out` (and eagerly into `eager` first, if given), running on its own; with
+    `meet`, it compiles only once another probe given the same folder is ready to."""
     env = {**os.environ, "ACCEL_CACHE_DIR": str(cache)}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the pack chooses torch's cache folder inside its own
     args = [sys.executable, str(PROBE), "--family", FAMILY, "--save-output", str(out)]
-    return subprocess.Popen(args + (["--save-eager", str(eager)] if eager else []), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    args += ["--save-eager", str(eager)] if eager else []
+    args += ["--meet", str(meet)] if meet else []
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def result_of(probe: subprocess.Popen) -> tuple[dict, str]:

@@ -62,8 +62,8 @@ def test_two_processes_compiling_at_once_leave_a_cache_a_third_loads_whole(share
     time: both are correct and leave a consistent cache. A third process then compiles the same graphs, every one
     from their caches (torch's hit counters, no miss), faster, to the same bits."""
     store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
-    first = start_probe(shared["dir"], tmp_path / "a.pt", eager=tmp_path / "eager.pt")
-    second = start_probe(shared["dir"], tmp_path / "b.pt")
+    first = start_probe(shared["dir"], tmp_path / "a.pt", eager=tmp_path / "eager.pt", meet=tmp_path / "meet")
+    second = start_probe(shared["dir"], tmp_path / "b.pt", meet=tmp_path / "meet")
     (a, _), (b, _) = result_of(first), result_of(second)
     eager, output = torch.load(tmp_path / "eager.pt"), torch.load(tmp_path / "a.pt")
     shared["runs"].update(cold=a, eager=eager, output=output)
