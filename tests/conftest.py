@@ -6,6 +6,7 @@ ComfyUI or torch.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,6 +31,38 @@ if str(ROOT) not in sys.path:
 
 from tools.comfy_env import comfyui_version, import_comfyui, load_pack  # noqa: E402
 from tools.comfy_server import ComfyServer  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiler_cache(tmp_path_factory):
+    """A compiler cache for the test run, as ccache is in CI (tools/cxx_cache.py): a `g++` first on PATH for this
+    process and every process the tests start. Each test whose compile cache starts empty builds the same C++
+    again (inductor's checks of the CPU in each new process, the kernels of the shared models); a build done once
+    is copied, byte for byte what g++ wrote. torch's own caches, which the tests count, are not touched.
+    ACCEL_TEST_CXX_CACHE=0 turns it off (so does a machine without g++)."""
+    real = shutil.which("g++")
+    if os.environ.get("ACCEL_TEST_CXX_CACHE") == "0" or real is None:
+        yield None
+        return
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cxx-cache"
+    launcher = folder / "bin" / "g++"
+    launcher.parent.mkdir(parents=True, exist_ok=True)
+    text = f'#!/bin/sh\nexec "{sys.executable}" -S "{ROOT / "tools" / "cxx_cache.py"}" "$@"\n'
+    tmp = launcher.with_name(f"g++.{os.getpid()}")  # both test processes write it: whole, through a rename
+    tmp.write_text(text)
+    tmp.chmod(0o755)
+    tmp.replace(launcher)
+    names = ("ACCEL_TEST_CXX_CACHE", "ACCEL_TEST_REAL_CXX", "PATH")
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update(ACCEL_TEST_CXX_CACHE=str(folder), ACCEL_TEST_REAL_CXX=str(Path(real).resolve()),
+                      PATH=f"{launcher.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    yield folder
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session", autouse=True)

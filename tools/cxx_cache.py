@@ -1,0 +1,74 @@
+"""A compiler cache for the test run, as ccache is in CI: tests/conftest.py puts a `g++` that runs this file first on
+PATH, for the test processes and every process they start (servers, probes, background children).
+
+Each test whose compile cache starts empty makes inductor build the same C++ again: its check programs for the
+CPU's vector instructions (in every new process), the header it preprocesses for its precompiled header, and the
+kernels of the models every test shares. A call with one source (.cpp, or inductor's .hpp) and an output is looked
+up by the source's bytes and the command line, the two files' own names and folders left out (they differ between
+caches: inductor names them after their content); a hit copies the output kept from the first call, byte for byte
+what g++ wrote; a miss runs g++ and keeps its output. Every other call (--version, a link of objects) is g++ itself.
+torch and its caches see a compiler that answered; what they count (cold graphs, cache hits) is unchanged.
+
+$ACCEL_TEST_CXX_CACHE is the cache folder, $ACCEL_TEST_REAL_CXX the compiler. Each cached call appends a line to
+calls.log there: "hit", or "miss <seconds>".
+"""
+import hashlib
+import os
+import sys
+
+
+def cached_call(real: str, args: list[str]) -> tuple[str, str] | None:
+    """(key, output) of a call with one source and an output, else None."""
+    sources = [a for a in args if a.endswith((".cpp", ".hpp"))]
+    if len(sources) != 1 or "-o" not in args or args.index("-o") + 1 >= len(args):
+        return None
+    source, output = sources[0], args[args.index("-o") + 1]
+    folders = [(os.path.dirname(source), "<source folder>"), (os.path.dirname(output), "<output folder>")]
+    line = [real]
+    for arg in args:
+        if arg in (source, output):
+            arg = "<source>" if arg == source else "<output>"
+        for folder, name in folders:
+            if folder:
+                arg = arg.replace(folder, name)
+        line.append(arg)
+    with open(source, "rb") as f:
+        return hashlib.sha256(f.read() + b"\0" + "\0".join(line).encode()).hexdigest(), output
+
+
+def copy(src: str, dst: str) -> None:
+    """Through a temporary name and a rename, so a reader (another process) never sees half a file."""
+    tmp = f"{dst}.tmp-{os.getpid()}"
+    with open(src, "rb") as f, open(tmp, "wb") as g:
+        g.write(f.read())
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, dst)
+
+
+def main() -> int:
+    real, cache, args = os.environ["ACCEL_TEST_REAL_CXX"], os.environ["ACCEL_TEST_CXX_CACHE"], sys.argv[1:]
+    found = cached_call(real, args)
+    if found is None:
+        os.execv(real, [real, *args])
+    key, output = found
+    kept = os.path.join(cache, key + os.path.splitext(output)[1])
+    if os.path.isfile(kept):
+        copy(kept, output)
+        outcome = "hit"
+        code = 0
+    else:
+        import subprocess
+        import time
+
+        start = time.perf_counter()
+        code = subprocess.call([real, *args])
+        outcome = f"miss {time.perf_counter() - start:.2f}"
+        if code == 0 and os.path.isfile(output):
+            copy(output, kept)
+    with open(os.path.join(cache, "calls.log"), "a") as log:
+        log.write(outcome + "\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
