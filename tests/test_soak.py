@@ -8,7 +8,8 @@ model through, so no background child spends CI's cores on a compile nobody load
 Model, within the compiled tolerance with it (once the background compile is done, its prompts run compiled
 blocks). The mixed server uses the test run's compile cache, so it finds what earlier tests compiled for the same
 models and sends only the rest to its child. The later passes compile nothing cold (they may load what the
-background child compiled), and the last one leaves the server's memory where the one before it did.
+background child compiled), and the last one leaves the server's memory where the one before it did (read with
+glibc's mmap threshold fixed, so that RSS follows what the server holds, not the allocator's high-water marks).
 """
 from __future__ import annotations
 
@@ -19,6 +20,13 @@ from compile_helpers import assert_close_to_eager
 from tools.soak_prompts import CONFIGS, EAGER, PASSES, cold_compiles, rss_mb, run_latent, server_of, wait_for_background
 
 pytestmark = pytest.mark.server
+# RSS that follows what the server holds. By default glibc raises its mmap threshold to the size of each large
+# block freed, so later blocks of that size come from heaps it keeps: the same prompts then end 1338 to 1551 MB
+# apart from pass to pass with nothing compiled or loaded (2026-11-26, on a cache with the kinds precompiled),
+# more than the 5% a leak must stay under, and the bound failed on that noise twice. With the threshold fixed, a
+# freed large block goes back to the system at once: the same passes ended at 1343, 1344, 1344, 1344 MB. Only
+# the allocator's bookkeeping changes, not what the server computes.
+EXACT_RSS = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
 def test_a_long_mixed_run_equals_each_prompt_alone_in_a_fresh_server(tmp_path, private_compile_cache):
@@ -31,7 +39,7 @@ def test_a_long_mixed_run_equals_each_prompt_alone_in_a_fresh_server(tmp_path, p
     # The mixed server on the test run's compile cache: what the soak checks is state over a long run, not a cold
     # compile (test_compile_model.py, test_faults.py and the server tests check those), so kinds an earlier test
     # compiled load from the cache and only the rest go to a child (run alone: all of them).
-    with server_of(tmp_path / "mixed", {"ACCEL_CACHE_DIR": str(private_compile_cache)}) as mixed:
+    with server_of(tmp_path / "mixed", {"ACCEL_CACHE_DIR": str(private_compile_cache), **EXACT_RSS}) as mixed:
         for p, indices in enumerate(PASSES):
             for index in indices:
                 prompt, n = CONFIGS[index], len(outputs)
