@@ -10,16 +10,15 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-import statistics
-import time
 from pathlib import Path
 
 import _path  # noqa: F401  (the project root on sys.path)
 import digits
-from digits import ASSETS, SIZE, BlockWork, trained_weights
+from digits import ASSETS, SIZE, trained_weights
 from tools.comfy_env import import_comfyui, load_pack
 from tools.harness import cli
 from tools.harness.results import markdown_table, write_report
+from tools.harness.sampling import BlockWork, run_settings
 
 MODELS = {"unet": digits.UNet, "flux": digits.Flux, "wan": digits.Wan}
 
@@ -132,39 +131,6 @@ def settings(pack, patcher, args):
     return out
 
 
-def run_settings(cases, generate, observe, repeats: int = 0, rounds: int = 0):
-    """Each setting's output, what `observe()` read after its generation, its median seconds and its times:
-    `repeats` timed generations of each setting in a row (the last one's output kept), or one generation of each
-    (the warm-up: the first of its times, left out of the median), then `rounds` rounds over all the settings (a
-    drift of the machine's speed over minutes then spreads over every setting, instead of landing on one)."""
-    outputs, observed, times = {}, {}, {name: [] for name, *_ in cases}
-
-    def once(name, model):
-        start = time.perf_counter()
-        outputs[name] = generate(model)
-        times[name].append(time.perf_counter() - start)
-        observed[name] = observe()
-
-    for name, _, _, model in cases:
-        for _ in range(repeats or 1):
-            once(name, model)
-        print(f"  {name}: {', '.join(f'{t:.1f}' for t in times[name])} s", flush=True)
-    for round_ in range(0 if repeats else rounds):
-        for name, _, _, model in cases:
-            once(name, model)
-        print(f"  round {round_ + 1}/{rounds}: " + ", ".join(f"{t[-1]:.1f}" for t in times.values()) + " s",
-              flush=True)
-    return outputs, observed, {name: statistics.median(t[0 if repeats else 1:]) for name, t in times.items()}, times
-
-
-def block_work(work: BlockWork):
-    """observe() for run_settings: the blocks' compute since the last call."""
-    def observe() -> float:
-        total, work.total = work.total, 0.0
-        return total
-    return observe
-
-
 def with_speed(row: dict, seconds: float, full_seconds: float, work: float, full_work: float) -> dict:
     skipped = 1.0 - work / full_work
     return {**row, "seconds": seconds, "speedup": full_seconds / seconds, "block_compute_skipped": skipped,
@@ -218,7 +184,7 @@ def evaluate_flux(args, pack, run, patcher):
           flush=True)
     work, cases = BlockWork(run.net.double_blocks, run.net.single_blocks), settings(pack, patcher, args)
     generated, works, seconds, _ = run_settings(cases, lambda m: run.generate(m, args.per_class, args),
-                                                block_work(work), repeats=args.repeats)
+                                                work.take, repeats=args.repeats)
     work.close()
     full = cases[0][0]
     rows = [with_speed({"setting": name, "method": method, "knob": knob}, seconds[name], seconds[full], works[name],
@@ -263,7 +229,7 @@ def evaluate_wan(args, pack, run, patcher, weights: dict):
           f"cfg {args.cfg:g}, {torch.get_num_threads()} threads", flush=True)
     work, cases = BlockWork(run.net.blocks), settings(pack, patcher, args)  # Wan has one block list
     videos, works, seconds, times = run_settings(cases, lambda m: run.generate(m, args.clips_per_digit, args),
-                                                 block_work(work), rounds=args.rounds)
+                                                 work.take, rounds=args.rounds)
     work.close()
     full = cases[0][0]
     rows = []

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 import types
 
 import _path  # noqa: F401  (the project root on sys.path)
-from deepcache_quality import block_work, run_settings
-from digits import BlockWork
 from tools.comfy_env import comfyui_version, import_comfyui, load_pack
 from tools.family_models import FLUX_BENCH
 from tools.harness import cli
 from tools.harness.machine import cpu_model
 from tools.harness.results import markdown_table, results_path, write_report
-from tools.harness.sampling import conditioning, sample
+from tools.harness.sampling import BlockWork, conditioning, run_settings, sample, timed
 
 SD15_DIFFUSERS = dict(  # diffusers' names for the SD1.5 UNet configuration (tools/make_models.py SD15_FULL)
     sample_size=64, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280, 1280),
@@ -30,15 +27,6 @@ SD15_DIFFUSERS = dict(  # diffusers' names for the SD1.5 UNet configuration (too
 )
 
 
-def timed_run(run) -> tuple[float, list[float]]:
-    """Wall time of `run(callback)` and the time of each step (the callback fires after every step)."""
-    stamps = []
-    start = time.perf_counter()
-    run(lambda *a, **k: stamps.append(time.perf_counter()))
-    total = time.perf_counter() - start
-    return total, [b - a for a, b in zip([start] + stamps[:-1], stamps)]
-
-
 def rotating(configs: list, repeats: int):
     for r in range(repeats):
         k = r % len(configs)
@@ -46,29 +34,26 @@ def rotating(configs: list, repeats: int):
 
 
 def comfy_side(args, pack) -> dict:
-    import comfy.sample
     import comfy.samplers
     import nodes
     import torch
 
     (unet,) = nodes.UNETLoader().load_unet(args.model, "default")
     gen = torch.Generator().manual_seed(0)
-    pos, neg = [[torch.randn(1, 77, 768, generator=gen), {}]], [[torch.randn(1, 77, 768, generator=gen), {}]]
-    latent = torch.zeros(1, 4, args.latent, args.latent)
-    noise = comfy.sample.prepare_noise(latent, 0)
+    conds = [[torch.randn(1, 77, 768, generator=gen), {}]], [[torch.randn(1, 77, 768, generator=gen), {}]]
     models = {1: unet}
     for n in args.intervals:
         (models[n],) = pack.nodes.deepcache.DeepCache().apply(unet, n, args.depth, 0.0, 1.0, "uniform")
 
     def run(model, steps=args.steps):
-        return lambda callback: comfy.sample.sample(model, noise, steps, args.cfg, "euler", "normal", pos, neg,
-                                                    latent, callback=callback, disable_pbar=True, seed=0)
+        return sample(model, conds, (1, 4, args.latent, args.latent), steps, args.cfg)
 
-    timed_run(run(unet, 2))  # load the model and warm the allocator outside the measurements
+    run(unet, 2)  # load the model and warm the allocator outside the measurements
     sigmas = comfy.samplers.calculate_sigmas(unet.get_model_object("model_sampling"), "normal", args.steps)
     totals, full_steps, shallow_steps, flop_share = {n: [] for n in models}, [], [], None
     for n in rotating(list(models), args.repeats):
-        total, steps = timed_run(run(models[n]))
+        sampled = run(models[n])
+        total, steps = sampled.seconds, sampled.step_s
         totals[n].append(total)
         plan = pack.accel.deepcache.schedule.make_plan(sigmas.tolist(), n, "uniform", 1e9, 0.0)
         for i, seconds in enumerate(steps[1:], start=1):  # step 0 is full and also starts the run: left out
@@ -134,10 +119,10 @@ def reference_side(args) -> dict | None:
                 helper.disable()
         return loop
 
-    timed_run(run(2))
+    timed(run(2))
     totals, full_steps, shallow_steps = {n: [] for n in [1, *args.intervals]}, [], []
     for n in rotating(list(totals), args.repeats):
-        total, steps = timed_run(run() if n == 1 else with_helper(n))
+        total, steps = timed(run() if n == 1 else with_helper(n))
         totals[n].append(total)
         for i, seconds in enumerate(steps[1:], start=1):
             (full_steps if i % n == 0 else shallow_steps).append(seconds)  # the helper's uniform rule
@@ -177,7 +162,7 @@ def flux_side(args, pack) -> None:
     cases = [((base_name, name), None, None, cache(base)) for base_name, base in bases
              for name, cache in caches.items()]
     outputs, works, seconds, times = run_settings(cases, lambda m: sample_flux(m, args.latent, args.steps)[0],
-                                                  block_work(work), rounds=args.repeats)
+                                                  work.take, rounds=args.repeats)
     work.close()
     reference, rows = outputs["eager", "full compute"], []
     for (base_name, name), *_ in cases:

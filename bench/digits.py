@@ -397,26 +397,3 @@ def make_clips(ink, frames: int, generator):
     grid = F.affine_grid(theta, [b * frames, 1, canvas, canvas], align_corners=False)
     padded = F.pad(ink, [(canvas - 8) // 2] * 4).repeat_interleave(frames, 0)
     return F.grid_sample(padded, grid, align_corners=False).view(b, frames, canvas, canvas) * 2 - 1
-
-
-class BlockWork:
-    """Counts the samples each transformer block processes (forward pre-hooks: they read the batch size and
-    change nothing), weighted by the block's parameters: the blocks' compute, in parameter-samples."""
-
-    def __init__(self, *block_lists):
-        self.total = 0.0
-        self.handles = []
-        for blocks in block_lists:
-            for block in blocks:
-                size = sum(p.numel() for p in block.parameters())
-                self.handles.append(block.register_forward_pre_hook(self._hook(size), with_kwargs=True))
-
-    def _hook(self, size: int):
-        def count(module, args, kwargs):
-            first = args[0] if args else kwargs.get("img", kwargs.get("x"))
-            self.total += size * first.shape[0]
-        return count
-
-    def close(self):
-        for handle in self.handles:
-            handle.remove()
