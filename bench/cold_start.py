@@ -24,6 +24,7 @@ from tools.harness import cli
 from tools.harness.child import cache_env, print_result, run_result_process
 from tools.harness.results import write_report
 from tools.harness.sampling import conditioning, sample
+from tools.harness.variants import frames, load_unet
 
 SECRET = "bench-fleet-secret-0123456789"
 FLEET = {"first": "a", "restart": "a", "worker": "b"}  # each process's local cache: a restart has the first's
@@ -32,13 +33,10 @@ PAIR = {"compiled": "a", "loaded": "a"}  # the loaded process starts on the comp
 
 def load(args):
     """The pack's engine, the pack, the eager model, and prompt(patcher) -> Sampled: cfg 7, euler."""
-    from tools.comfy_env import import_comfyui, load_pack
-
-    import_comfyui(cpu=True)
-    import nodes
+    from tools.comfy_env import load_pack
 
     pack = load_pack().accel
-    (model,) = nodes.UNETLoader().load_unet(args.model, "default")
+    model = load_unet(args.model)
     conds = conditioning()
     return pack.compile, pack, model, lambda patcher: sample(patcher, conds, (1, 4, args.latent, args.latent),
                                                                args.steps, 7.0)
@@ -48,8 +46,6 @@ def fleet_process(side: str, args) -> dict:
     """One process of a fleet round: an eager prompt, prompt 1 with the defaults (eagerly, while the child
     compiles or the CPU checks run), the background work waited for, the first compiled prompt (it loads the
     precompiled functions: the hand-over), then eager and compiled prompts interleaved."""
-    from torch._dynamo.utils import counters
-
     engine, _, model, prompt = load(args)
     compiled = engine.compile_model(model, engine.CompileOptions())
     eager_first = prompt(model).seconds
@@ -57,14 +53,14 @@ def fleet_process(side: str, args) -> dict:
     wait_start = time.perf_counter()
     engine.background.BACKGROUND.wait(timeout=1800)
     waited = time.perf_counter() - wait_start
-    frames = counters["frames"]["ok"]
+    before = frames()
     handover_s = prompt(compiled).seconds
     eager_s, compiled_s = [], []
     for _ in range(3):  # interleaved: the machine's drift falls on both
         eager_s.append(prompt(model).seconds)
         compiled_s.append(prompt(compiled).seconds)
     stats = engine.REGISTRY.stats()
-    frames_at_end = counters["frames"]["ok"]
+    frames_at_end = frames()
     # The outputs compared across processes: auto mode times some calls eagerly, and which ones depends on the
     # machine's noise, so the comparison goes through an always-compiled clone (the same kinds and graphs).
     out = prompt(engine.compile_model(model, engine.CompileOptions(choose="always compiled"))).out
@@ -72,7 +68,7 @@ def fleet_process(side: str, args) -> dict:
     env = stats["compile_cache"]["environments"][0]
     return {"side": side, "eager_first_prompt_s": eager_first, "first_prompt_s": first_s, "waited_s": waited,
             "first_compiled_prompt_s": handover_s, "eager_s": eager_s, "compiled_s": compiled_s,
-            "dynamo_frames": frames_at_end, "frames_from_first_compiled_prompt": frames_at_end - frames,
+            "dynamo_frames": frames_at_end, "frames_from_first_compiled_prompt": frames_at_end - before,
             "compile_seconds_in_process": stats["totals"]["compile_seconds"],
             "child_jobs": [{"wall_s": j["wall_seconds"], "cold_graphs": j["cold_graphs"]}
                            for j in stats["background"]["finished"]],
@@ -100,7 +96,6 @@ def pair_process(side: str, args) -> dict:
     compiled clone. Both: steady samplings, and a sampler-sized cat and fill_ in the prompt thread (the CPU-side ops
     that took 4-6 ms in the slow loaded processes of docs/benchmarks/gpu_h100.md), and the thread report."""
     import torch
-    from torch._dynamo.utils import counters
 
     engine, pack, model, prompt = load(args)
     always = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
@@ -108,12 +103,12 @@ def pair_process(side: str, args) -> dict:
         prompt(engine.compile_model(model, engine.CompileOptions()))
         engine.background.BACKGROUND.wait(timeout=900)
     prompt(always)  # compiles (compiled) or is already loaded (loaded)
-    frames = counters["frames"]["ok"]
+    before = frames()
     times = [prompt(always).seconds for _ in range(args.samplings)]
     a, b = torch.randn(1, 77, 4096), torch.randn(1, 77, 4096)
     filled = torch.empty(1, 77, 4096)
     return {"side": side, "sampling_s": times, "median_sampling_s": statistics.median(times),
-            "frames_while_timing": counters["frames"]["ok"] - frames,
+            "frames_while_timing": frames() - before,
             "cat_us": small_op_us(lambda: torch.cat([a, b])), "fill_us": small_op_us(lambda: filled.fill_(0.5)),
             "threads": importlib.import_module(pack.__name__ + ".diagnostics").thread_report(),
             "background": {k: v for k, v in engine.REGISTRY.stats()["background"].items()

@@ -17,6 +17,7 @@ from tools.harness import cli
 from tools.harness.child import cache_env
 from tools.harness.results import write_report
 from tools.harness.sampling import sample
+from tools.harness.variants import frames, rel_error, variant_model
 
 
 def scaled(shape: tuple[int, ...], scale: int) -> tuple[int, ...]:
@@ -27,17 +28,6 @@ def scaled(shape: tuple[int, ...], scale: int) -> tuple[int, ...]:
 def timed_sampling(model, family, steps: int, shape) -> tuple[object, float, list[float]]:
     run = sample(model, family.conds(0), shape, steps, family.cfg)
     return run.out, run.seconds, run.step_s
-
-
-def rel_error(out, reference) -> float:
-    return ((out.float() - reference.float()).abs().max() / reference.float().abs().max().clamp_min(1e-12)).item()
-
-
-def core_compiled(model):
-    """ComfyUI's own TorchCompileModel on `model`, compiled by its first sampling (in the warm-up below)."""
-    from comfy_extras.nodes_torch_compile import TorchCompileModel
-
-    return TorchCompileModel.execute(model, "inductor").result[0]
 
 
 def interleaved(variants: dict, family, steps: int, shape, rounds: int) -> dict:
@@ -57,8 +47,6 @@ def interleaved(variants: dict, family, steps: int, shape, rounds: int) -> dict:
 
 
 def run_family(engine, nodes, family, steps: int, shape, rounds: int = 0, core: bool = False) -> dict:
-    from torch._dynamo.utils import counters
-
     (model,) = nodes.UNETLoader().load_unet(family.file_name, "default")
     result = {"family": family.name, "latent": list(shape), "dtype": str(model.model.get_dtype())}
     eager_first, result["eager_first_s"], _ = timed_sampling(model, family, steps, shape)
@@ -67,9 +55,9 @@ def run_family(engine, nodes, family, steps: int, shape, rounds: int = 0, core: 
     result["eager_repeat_error"] = rel_error(eager, eager_first)  # the device's own run-to-run noise
 
     auto = engine.compile_model(model, engine.CompileOptions())
-    frames = counters["frames"]["ok"]
+    before = frames()
     out, result["auto_first_s"], _ = timed_sampling(auto, family, steps, shape)
-    result["auto_first_compiles"] = counters["frames"]["ok"] - frames
+    result["auto_first_compiles"] = frames() - before
     result["auto_first_error"] = rel_error(out, eager)
     start = time.perf_counter()
     engine.background.BACKGROUND.wait(timeout=1200)
@@ -82,20 +70,20 @@ def run_family(engine, nodes, family, steps: int, shape, rounds: int = 0, core: 
     result["auto_error"] = rel_error(out, eager)
 
     always = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
-    frames = counters["frames"]["ok"]
+    before = frames()
     out, result["always_first_s"], _ = timed_sampling(always, family, steps, shape)
-    result["always_first_compiles"] = counters["frames"]["ok"] - frames
+    result["always_first_compiles"] = frames() - before
     result["always_first_error"] = rel_error(out, eager)
-    frames = counters["frames"]["ok"]
+    before = frames()
     out, _, times = timed_sampling(always, family, steps, shape)
     timed_sampling(auto, family, steps, shape)
-    result["repeat_compiles"] = counters["frames"]["ok"] - frames
+    result["repeat_compiles"] = frames() - before
     result["always_s_per_step"] = statistics.median(times[1:] or times)
     result["always_error"] = rel_error(out, eager)
 
     if rounds:
         result["interleaved"] = interleaved({"eager": model, "defaults": auto, "always compiled": always,
-                                             **({"core": core_compiled(model)} if core else {})},
+                                             **({"core": variant_model("core", model)[0]} if core else {})},
                                             family, steps, shape, rounds)
     records = engine.model_record._states[model.model.diffusion_model].records
     kinds = {e.key: e.stats() for (_, options, _), record in records.items() if options.choose == "auto"

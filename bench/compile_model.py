@@ -23,6 +23,7 @@ from tools.harness.child import print_result, run_variants
 from tools.harness.memory import peak_mib, pss_tree_mib, reset_peak, rss_mib
 from tools.harness.results import write_report
 from tools.harness.sampling import conditioning, sample, synced_clock
+from tools.harness.variants import frames, load_unet, rel_error, variant_model, wait_for_background
 
 SWEEP_SIZES = (24, 40, 48)
 FLUX_TOKENS, FLUX_SIZES = (77, 154, 231), (24, 32)  # the Flux sweeps: prompt lengths, then latent sizes after 16
@@ -30,22 +31,6 @@ FLUX_TOKENS, FLUX_SIZES = (77, 154, 231), (24, 32)  # the Flux sweeps: prompt le
 DEFAULTS = {("sd15", False): ("accel-sd15-a.safetensors", 6, 32, "eager,core,accel,accel-compiled,accel-lowmem"),
             ("sd15", True): ("accel-sd15-a.safetensors", 4, 32, "core,accel,accel-compiled"),
             ("flux", False): (FLUX_BENCH.file_name, 4, 16, "eager,core,accel")}
-
-
-def wrap(variant: str, model):
-    """The variant's MODEL made from the loaded eager one (a clone sharing its weights), and the pack's engine."""
-    from tools.comfy_env import load_pack
-
-    if variant == "core":
-        from comfy_extras.nodes_torch_compile import TorchCompileModel
-
-        return TorchCompileModel.execute(model, "inductor").result[0], None
-    if variant.startswith("accel"):
-        engine = load_pack().accel.compile
-        choose = "always compiled" if variant == "accel-compiled" else "auto"
-        mode = "low-memory" if variant == "accel-lowmem" else "default"
-        return engine.compile_model(model, engine.CompileOptions(mode=mode, choose=choose)), engine
-    return model, None
 
 
 def sampler(model, flux: bool = False):
@@ -61,19 +46,12 @@ def sampler(model, flux: bool = False):
 
 def load_variant(variant: str, model_name: str, cpu: bool = True):
     """(the eager MODEL, the variant's MODEL, the pack's engine or None), ComfyUI imported."""
-    from tools.comfy_env import import_comfyui
-
-    import_comfyui(cpu=cpu)
-    import nodes
-
-    (eager,) = nodes.UNETLoader().load_unet(model_name, "default")
-    return (eager, *wrap(variant, eager))
+    eager = load_unet(model_name, cpu)
+    return (eager, *variant_model(variant, eager))
 
 
 def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
     """Inside the variant's own process: cold first sampling, the background child, steady, the size sweep."""
-    from torch._dynamo.utils import counters
-
     _, model, engine = load_variant(variant, model_name)
     sample_model = sampler(model)
     loaded_rss = rss_mib()
@@ -83,15 +61,15 @@ def run_variant(variant: str, model_name: str, steps: int, latent: int) -> dict:
     cold = time.perf_counter() - start
     sampling_peak = peak_mib()
     pss_self, pss_children = pss_tree_mib()
-    first_frames = counters["frames"]["ok"]
+    first_frames = frames()
     background = background_and_loading(engine, lambda: sample_model(latent, steps))
     steady = statistics.median(sample_model(latent, steps).step_s[1:])
-    frames = counters["frames"]["ok"]
+    before = frames()
     for size in SWEEP_SIZES:
         sample_model(size, 2)
     result = {
         "variant": variant, "cold_first_sample_s": cold, "steady_s_per_step": steady,
-        "compiles_first_run": first_frames, "compiles_in_sweep": counters["frames"]["ok"] - frames,
+        "compiles_first_run": first_frames, "compiles_in_sweep": frames() - before,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # the model load's peak
         "rss_after_load_mib": loaded_rss,
         "peak_rss_first_sampling_mib": sampling_peak,  # compiling included
@@ -146,7 +124,6 @@ def run_flux_variant(variant: str, model_name: str, steps: int, latent: int, out
     """Inside the variant's own process (--family flux): cold, background, steady alone and paired, the sweeps;
     the first and a steady output saved to `outputs` for the parent to compare with eager's."""
     import torch
-    from torch._dynamo.utils import counters
 
     gpu = torch.cuda.is_available()
     base, model, engine = load_variant(variant, model_name, cpu=not gpu)
@@ -156,7 +133,7 @@ def run_flux_variant(variant: str, model_name: str, steps: int, latent: int, out
     start = time.perf_counter()
     first = sample_model(latent, steps).out
     cold = synced_clock() - start
-    result = {"variant": variant, "cold_first_sample_s": cold, "compiles_first_run": counters["frames"]["ok"],
+    result = {"variant": variant, "cold_first_sample_s": cold, "compiles_first_run": frames(),
               "rss_after_load_mib": loaded_rss}
     background = background_and_loading(engine, lambda: sample_model(latent, steps))
     if background is not None:
@@ -166,14 +143,11 @@ def run_flux_variant(variant: str, model_name: str, steps: int, latent: int, out
     result["paired"] = paired_steady(sample_model, sampler(base, flux=True), latent, steps)
     for name, values, kwargs in (("prompt_length", FLUX_TOKENS, lambda v: {"tokens": v}),
                                  ("size", FLUX_SIZES, lambda v: {"size": v})):
-        frames = counters["frames"]["ok"]
-        for value in values:
-            sample_model(**{"size": latent, "n_steps": 1, **kwargs(value)})
-        result[f"compiles_in_{name}_sweep"] = counters["frames"]["ok"] - frames
-        frames = counters["frames"]["ok"]
-        for value in values:
-            sample_model(**{"size": latent, "n_steps": 1, **kwargs(value)})
-        result[f"compiles_in_repeated_{name}_sweep"] = counters["frames"]["ok"] - frames
+        for key in (f"compiles_in_{name}_sweep", f"compiles_in_repeated_{name}_sweep"):
+            before = frames()
+            for value in values:
+                sample_model(**{"size": latent, "n_steps": 1, **kwargs(value)})
+            result[key] = frames() - before
     result["peak_rss_sampling_mib"] = peak_mib()  # compiling and all samplings included
     if gpu:
         result["peak_gpu_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
@@ -192,20 +166,6 @@ def background_and_loading(engine, resample) -> dict | None:
         resample()
         background["loading_sampling_s"] = time.perf_counter() - start
     return background
-
-
-def wait_for_background(engine) -> dict | None:
-    """Compile Model's background compile, if one runs (choose=auto): wait for it, and say what it took.
-    None when nothing compiled in the background."""
-    if engine is None:
-        return None
-    compiler = engine.background.BACKGROUND
-    start = time.perf_counter()
-    compiler.wait()
-    jobs = compiler.stats()["finished"]
-    if not jobs:
-        return None
-    return {"wait_after_first_sampling_s": time.perf_counter() - start, "jobs": jobs}
 
 
 def target_ratios(by: dict, peak_key: str) -> dict:
@@ -243,9 +203,8 @@ def flux_errors(results: list[dict], outputs: Path) -> None:
     if "eager" in saved:
         for result in results:
             for which in ("first", "steady"):
-                out, reference = saved[result["variant"]][which], saved["eager"][which]
-                error = (out - reference).abs().max().item() / reference.abs().max().item()
-                result[f"max_rel_error_vs_eager_{which}"] = error
+                result[f"max_rel_error_vs_eager_{which}"] = rel_error(saved[result["variant"]][which],
+                                                                      saved["eager"][which])
 
 
 def main() -> None:

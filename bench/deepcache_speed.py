@@ -18,6 +18,7 @@ from tools.harness import cli
 from tools.harness.machine import cpu_model
 from tools.harness.results import markdown_table, results_path, write_report
 from tools.harness.sampling import BlockWork, conditioning, run_settings, sample, timed
+from tools.harness.variants import rel_error
 
 SD15_DIFFUSERS = dict(  # diffusers' names for the SD1.5 UNet configuration (tools/make_models.py SD15_FULL)
     sample_size=64, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280, 1280),
@@ -174,7 +175,7 @@ def flux_side(args, pack) -> None:
                      "seconds": seconds[base_name, name], "runs": times[base_name, name][1:],
                      "speedup_vs_full_eager": seconds["eager", "full compute"] / seconds[base_name, name],
                      "speedup_vs_full_same_base": seconds[base_name, "full compute"] / seconds[base_name, name],
-                     "error_vs_full_eager": float((out - reference).abs().max() / reference.abs().max()),
+                     "error_vs_full_eager": rel_error(out, reference),
                      "block_compute_skipped": skipped, "speedup_limit": 1.0 / (1.0 - skipped)})
 
     print("", *markdown_table(

@@ -21,6 +21,7 @@ from scenarios import BY_NAME, FIRST_PROMPT, SCENARIOS, models
 from tools.comfy_env import ROOT
 from tools.harness import cli
 from tools.harness.child import cache_env, run_result_process
+from tools.harness.variants import rel_error
 
 CHILD = Path(__file__).resolve().parent / "report_child.py"
 
@@ -42,8 +43,7 @@ def quality(outputs: Path, family: str, scenario: str) -> dict:
 
     mine = torch.load(outputs / f"{family}-{scenario}-cold.pt")
     eager = torch.load(outputs / f"{family}-eager-cold.pt")
-    reference = eager["samples"]
-    out = {"max_rel_error": ((mine["samples"] - reference).abs().max() / reference.abs().max()).item()}
+    out = {"max_rel_error": rel_error(mine["samples"], eager["samples"])}
     if mine["image"] is not None and eager["image"] is not None:
         mse = torch.mean((mine["image"].float() - eager["image"].float()) ** 2).item()
         out["psnr_db"] = None if mse == 0 else 10 * math.log10(1.0 / mse)  # None: the same image

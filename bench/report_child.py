@@ -15,11 +15,11 @@ from pathlib import Path
 STARTED = time.perf_counter()
 
 import _path  # noqa: F401, E402  (the project root on sys.path)
-import compile_model  # noqa: E402
 from scenarios import BY_NAME, BenchModel, models  # noqa: E402
 from tools.harness.child import print_result  # noqa: E402
 from tools.harness.memory import peak_mib  # noqa: E402
 from tools.harness.sampling import conditioning, sample, synced_clock  # noqa: E402
+from tools.harness.variants import frames, rel_error, variant_model, wait_for_background  # noqa: E402
 
 STEADY_PROMPTS = 3  # after the prompt that loads the background child's graphs
 # Each steady prompt of a scenario with nodes is followed by the same workflow without them (the loaders' own
@@ -32,9 +32,7 @@ def apply_node(step: str, model, vae, pack):
     """One node of the scenario, called as ComfyUI's executor calls it (its FUNCTION with the widgets' values)."""
     accel = pack.NODE_CLASS_MAPPINGS
     if step == "core_compile":
-        from comfy_extras.nodes_torch_compile import TorchCompileModel
-
-        return TorchCompileModel.execute(model, "inductor").result[0], vae
+        return variant_model("core", model)[0], vae
     if step == "core_easycache":  # its defaults: threshold 0.2 from 15% to 95% of the steps
         from comfy_extras.nodes_easycache import EasyCacheNode
 
@@ -70,15 +68,9 @@ class Prompt:
                 "step_s": sampled.step_s, "samples": sampled.out, "image": image}
 
 
-def frames() -> int:
-    from torch._dynamo.utils import counters
-
-    return counters["frames"]["ok"]
-
-
-def wait_for_background(pack) -> dict | None:
-    """compile_model.wait_for_background, summed up for the report."""
-    waited = compile_model.wait_for_background(pack.accel.compile)
+def background(pack) -> dict | None:
+    """harness.variants.wait_for_background, summed up for the report."""
+    waited = wait_for_background(pack.accel.compile)
     if waited is None:
         return None
     jobs = waited["jobs"]
@@ -129,7 +121,7 @@ def run(scenario_name: str, family: str, phase: str, outputs: Path, quick: bool)
     result["compiles_first_prompt"] = frames()
     last = first
     if phase == "cold":
-        result["background"] = wait_for_background(pack)
+        result["background"] = background(pack)
         loading = prompt.run()  # loads what the background child compiled, makes auto mode's choices
         result["second_prompt_s"] = loading["prompt_s"]
         before = frames()
@@ -176,9 +168,7 @@ def swap(prompt: Prompt, bench: BenchModel, pack) -> dict:
     result = {"swap_prompt_s": time.perf_counter() - start, "swap_recompiles": frames() - before,
               "swap_in_workflow": True}
     eager_b = nodes.UNETLoader().load_unet(bench.swap_file, "default")[0]
-    reference = prompt.run(eager_b)["samples"]
-    error = (after_swap["samples"] - reference).abs().max() / reference.abs().max()
-    result["swap_max_rel_error_vs_eager"] = error.item()
+    result["swap_max_rel_error_vs_eager"] = rel_error(after_swap["samples"], prompt.run(eager_b)["samples"])
     return result
 
 

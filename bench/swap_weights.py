@@ -10,32 +10,30 @@ from __future__ import annotations
 import time
 
 import _path  # noqa: F401  (the project root on sys.path)
+from tools.comfy_env import load_pack
 from tools.harness import cli
 from tools.harness.child import print_result, run_variants
 from tools.harness.memory import peak_mib, reset_peak, rss_mib
 from tools.harness.results import write_report
 from tools.harness.sampling import conditioning, sample
+from tools.harness.variants import frames, load_unet, variant_model
 
 VARIANTS = ("read-copy", "stock", "accel", "accel-spill")
 
 
 def run_variant(variant: str, name_a: str, name_b: str, steps: int, latent: int) -> dict:
     """Inside the variant's own process."""
-    from tools.comfy_env import import_comfyui, load_pack
-
-    import_comfyui(cpu=True)
+    model_a = load_unet(name_a)
     import comfy.model_management
     import comfy.utils
     import folder_paths
     import nodes
-    from torch._dynamo.utils import counters
 
     conds = conditioning()
 
     def sample_s(model) -> float:
         return sample(model, conds, (1, 4, latent, latent), steps, 7.0).seconds
 
-    (model_a,) = nodes.UNETLoader().load_unet(name_a, "default")
     result = {"variant": variant}
     if variant == "read-copy":
         comfy.model_management.load_models_gpu([model_a])
@@ -53,29 +51,18 @@ def run_variant(variant: str, name_a: str, name_b: str, steps: int, latent: int)
         result["peak_rss_during_mib"] = peak_mib()
         return result
 
-    if variant == "stock":
-        from comfy_extras.nodes_torch_compile import TorchCompileModel
-
-        def compiled(model):
-            return TorchCompileModel.execute(model, "inductor").result[0]
-    else:
-        pack = load_pack()
-        engine = pack.accel.compile
-
-        def compiled(model):
-            return engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
-
-    model_a = compiled(model_a)
+    pack = None if variant == "stock" else load_pack()  # stock ComfyUI does not load the pack
+    compiled = "core" if variant == "stock" else "accel-compiled"
+    model_a = variant_model(compiled, model_a, pack)[0]
     result["first_sample_a_s"] = sample_s(model_a)  # compiles
     result["steady_sample_s"] = sample_s(model_a)
     result["steady_rss_mib"] = rss_mib()
-    frames = counters["frames"]["ok"]
+    before = frames()
 
     reset_peak()
     start = time.perf_counter()
     if variant == "stock":
-        (model_b,) = nodes.UNETLoader().load_unet(name_b, "default")
-        model_b = compiled(model_b)
+        model_b = variant_model(compiled, nodes.UNETLoader().load_unet(name_b, "default")[0])[0]
     else:
         workflow = {  # what ComfyUI passes the node as its hidden PROMPT input
             "1": {"class_type": "UNETLoader", "inputs": {"unet_name": name_a, "weight_dtype": "default"}},
@@ -88,7 +75,7 @@ def run_variant(variant: str, name_a: str, name_b: str, steps: int, latent: int)
     result["switch_load_s"] = time.perf_counter() - start
     result["first_sample_b_s"] = sample_s(model_b)
     result["switch_total_s"] = time.perf_counter() - start
-    result["compiles_during_switch"] = counters["frames"]["ok"] - frames
+    result["compiles_during_switch"] = frames() - before
     result["peak_rss_during_mib"] = peak_mib()
     result["rss_after_mib"] = rss_mib()
     result["steady_sample_b_s"] = sample_s(model_b)
@@ -102,7 +89,7 @@ def run_variant(variant: str, name_a: str, name_b: str, steps: int, latent: int)
         result["back_to_a_load_s"] = time.perf_counter() - start
         result["back_peak_rss_mib"] = peak_mib()
         result["back_rss_after_mib"] = rss_mib()
-        result["compiles_during_switch_and_back"] = counters["frames"]["ok"] - frames
+        result["compiles_during_switch_and_back"] = frames() - before
     return result
 
 

@@ -12,6 +12,7 @@ from tools.harness.child import print_result, run_variants
 from tools.harness.memory import peak_mib
 from tools.harness.results import write_report
 from tools.harness.sampling import conditioning, sample
+from tools.harness.variants import load_unet, variant_model
 
 SCENARIOS = ("eager", "compile", "deepcache", "compile+deepcache")
 TRAINED = ROOT / "bench" / "assets" / "digits_wan21.safetensors"  # bench/deepcache_quality.py --model wan trained it
@@ -24,17 +25,15 @@ def latent_shape(width: int, height: int, frames: int) -> tuple[int, ...]:
 
 
 def run_scenario(scenario: str, args) -> dict:
-    from tools.comfy_env import import_comfyui, load_pack
+    from tools.comfy_env import load_pack
 
-    import_comfyui(cpu=True)
     pack = load_pack()
     import folder_paths
-    import nodes
 
     folder_paths.add_model_folder_path("diffusion_models", str(TRAINED.parent))
-    (model,) = nodes.UNETLoader().load_unet(TRAINED.name, "default")
+    model = load_unet(TRAINED.name)
     if "compile" in scenario:
-        model = pack.accel.compile.compile_model(model, pack.accel.compile.CompileOptions())
+        model = variant_model("accel", model, pack)[0]
     if "deepcache" in scenario:
         (model,) = pack.nodes.deepcache.DeepCache().apply(model, 3, 0, 0.0, 1.0, "uniform")
     shape = latent_shape(args.width, args.height, args.frames)
