@@ -17,7 +17,7 @@ import digits
 from digits import ASSETS, SIZE, trained_weights
 from tools.comfy_env import import_comfyui, load_pack
 from tools.harness import cli
-from tools.harness.results import markdown_table, write_report
+from tools.harness.results import markdown_table, pyplot, save_chart, write_report
 from tools.harness.sampling import BlockWork, run_settings
 
 MODELS = {"unet": digits.UNet, "flux": digits.Flux, "wan": digits.Wan}
@@ -307,12 +307,7 @@ def save_strip(path: Path, videos: dict, scale: int = 4) -> None:
 
 
 def plot(path: Path, rows: list[dict], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
     markers = {"DeepCache uniform": "o", "DeepCache adaptive": "s", "EasyCache": "^", "LazyCache": "v"}
     for method, marker in markers.items():
         points = [(r["speedup"], r["psnr_vs_full"], r["knob"]) for r in rows
@@ -326,8 +321,7 @@ def plot(path: Path, rows: list[dict], title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_chart(fig, path)
 
 
 def main() -> None:

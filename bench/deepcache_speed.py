@@ -28,12 +28,6 @@ SD15_DIFFUSERS = dict(  # diffusers' names for the SD1.5 UNet configuration (too
 )
 
 
-def rotating(configs: list, repeats: int):
-    for r in range(repeats):
-        k = r % len(configs)
-        yield from configs[k:] + configs[:k]
-
-
 def comfy_side(args, pack) -> dict:
     import comfy.samplers
     import nodes
@@ -45,27 +39,37 @@ def comfy_side(args, pack) -> dict:
     models = {1: unet}
     for n in args.intervals:
         (models[n],) = pack.nodes.deepcache.DeepCache().apply(unet, n, args.depth, 0.0, 1.0, "uniform")
+    sample(unet, conds, (1, 4, args.latent, args.latent), 2, args.cfg)  # load the model, warm the allocator
+    sigmas = comfy.samplers.calculate_sigmas(unet.get_model_object("model_sampling"), "normal", args.steps).tolist()
+    flop_share = {}
 
-    def run(model, steps=args.steps):
-        return sample(model, conds, (1, 4, args.latent, args.latent), steps, args.cfg)
-
-    run(unet, 2)  # load the model and warm the allocator outside the measurements
-    sigmas = comfy.samplers.calculate_sigmas(unet.get_model_object("model_sampling"), "normal", args.steps)
-    totals, full_steps, shallow_steps, flop_share = {n: [] for n in models}, [], [], None
-    for n in rotating(list(models), args.repeats):
-        sampled = run(models[n])
-        total, steps = sampled.seconds, sampled.step_s
-        totals[n].append(total)
-        plan = pack.accel.deepcache.schedule.make_plan(sigmas.tolist(), n, "uniform", 1e9, 0.0)
-        for i, seconds in enumerate(steps[1:], start=1):  # step 0 is full and also starts the run: left out
-            (full_steps if plan.full[i] else shallow_steps).append(seconds)
+    def run(n: int) -> tuple[float, list[float]]:
+        sampled = sample(models[n], conds, (1, 4, args.latent, args.latent), args.steps, args.cfg)
         if n > 1:
-            flop_share = pack.accel.telemetry.snapshot()["events"][-1].get("shallow_share")
-        print(f"  comfyui  interval {n}: {total:7.2f} s", flush=True)
-    return summarize(totals, full_steps, shallow_steps, flop_share)
+            flop_share["last"] = pack.accel.telemetry.snapshot()["events"][-1].get("shallow_share")
+        return sampled.seconds, sampled.step_s
+
+    plans = {n: pack.accel.deepcache.schedule.make_plan(sigmas, n, "uniform", 1e9, 0.0) for n in models}
+    out = rotations(list(models), args.repeats, run, lambda n, step: plans[n].full[step], "comfyui ")
+    return out | {"shallow_share_flops": flop_share.get("last")}
 
 
-def summarize(totals: dict, full_steps: list, shallow_steps: list, flop_share=None) -> dict:
+def rotations(intervals: list[int], repeats: int, run, is_full, label: str) -> dict:
+    """`repeats` rotations over the intervals (each rotation starting one further), `run(n)` -> (seconds, each
+    step's seconds); each step's time counted as full compute or shallow by `is_full(n, step)`; summed up."""
+    totals, full_steps, shallow_steps = {n: [] for n in intervals}, [], []
+    for r in range(repeats):
+        k = r % len(intervals)
+        for n in intervals[k:] + intervals[:k]:
+            total, steps = run(n)
+            totals[n].append(total)
+            for i, seconds in enumerate(steps[1:], start=1):  # step 0 is full and also starts the run: left out
+                (full_steps if is_full(n, i) else shallow_steps).append(seconds)
+            print(f"  {label} interval {n}: {total:7.2f} s", flush=True)
+    return summarize(totals, full_steps, shallow_steps)
+
+
+def summarize(totals: dict, full_steps: list, shallow_steps: list) -> dict:
     base = statistics.median(totals[1])
     share = statistics.median(shallow_steps) / statistics.median(full_steps) if shallow_steps and full_steps else None
     rows = {}
@@ -73,7 +77,7 @@ def summarize(totals: dict, full_steps: list, shallow_steps: list, flop_share=No
         median = statistics.median(runs)
         rows[n] = {"seconds": median, "runs": runs, "speedup": base / median,
                    "limit": n / (1 + (n - 1) * share) if share is not None else None}
-    return {"intervals": rows, "shallow_share_timed": share, "shallow_share_flops": flop_share,
+    return {"intervals": rows, "shallow_share_timed": share, "shallow_share_flops": None,
             "median_full_step_s": statistics.median(full_steps) if full_steps else None,
             "median_shallow_step_s": statistics.median(shallow_steps) if shallow_steps else None}
 
@@ -121,16 +125,9 @@ def reference_side(args) -> dict | None:
         return loop
 
     timed(run(2))
-    totals, full_steps, shallow_steps = {n: [] for n in [1, *args.intervals]}, [], []
-    for n in rotating(list(totals), args.repeats):
-        total, steps = timed(run() if n == 1 else with_helper(n))
-        totals[n].append(total)
-        for i, seconds in enumerate(steps[1:], start=1):
-            (full_steps if i % n == 0 else shallow_steps).append(seconds)  # the helper's uniform rule
-        print(f"  DeepCache (diffusers {diffusers.__version__}) interval {n}: {total:7.2f} s", flush=True)
-    out = summarize(totals, full_steps, shallow_steps)
-    out["diffusers"] = diffusers.__version__
-    return out
+    return rotations([1, *args.intervals], args.repeats, lambda n: timed(run() if n == 1 else with_helper(n)),
+                     lambda n, i: i % n == 0,  # the helper's uniform rule
+                     f"DeepCache (diffusers {diffusers.__version__})") | {"diffusers": diffusers.__version__}
 
 
 def sample_flux(model, latent: int, steps: int):
@@ -227,16 +224,15 @@ def main() -> None:
         print("== reference: registry package DeepCache on diffusers UNet2DConditionModel", flush=True)
         result["reference"] = reference_side(args)
 
-    print("\n| interval | ComfyUI-Accel s | speedup | limit N/(1+(N-1)s) | DeepCache (diffusers) speedup |")
-    print("| --- | --- | --- | --- | --- |")
     ref = (result.get("reference") or {}).get("intervals", {})
-    for n, row in result["accel"]["intervals"].items():
-        limit = f"{row['limit']:.2f}x" if row["limit"] else "-"
-        theirs = f"{ref[n]['speedup']:.2f}x" if n in ref else "-"
-        print(f"| {n} | {row['seconds']:.2f} | {row['speedup']:.2f}x | {limit} | {theirs} |")
+    print("", *markdown_table(
+        ["interval", "ComfyUI-Accel s", "speedup", "limit N/(1+(N-1)s)", "DeepCache (diffusers) speedup"],
+        [[n, f"{row['seconds']:.2f}", f"{row['speedup']:.2f}x", f"{row['limit']:.2f}x" if row["limit"] else "-",
+          f"{ref[n]['speedup']:.2f}x" if n in ref else "-"] for n, row in result["accel"]["intervals"].items()]),
+        sep="\n")
     accel = result["accel"]
-    timed = f"{accel['shallow_share_timed']:.3f}" if accel["shallow_share_timed"] is not None else "-"
-    print(f"\nshallow share s: {timed} timed (median shallow step / median full step), "
+    share = f"{accel['shallow_share_timed']:.3f}" if accel["shallow_share_timed"] is not None else "-"
+    print(f"\nshallow share s: {share} timed (median shallow step / median full step), "
           f"{accel['shallow_share_flops']} FLOP estimate")
     out = results_path("deepcache_speed.json")
     out.write_text(json.dumps(result, indent=2))

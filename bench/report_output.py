@@ -10,11 +10,14 @@ from pathlib import Path
 
 import _path  # noqa: F401  (the project root on sys.path)
 from tools.harness.machine import versions
-from tools.harness.results import markdown_table
+from tools.harness.results import markdown_table, pyplot, save_chart
 
 HEADLINE_CHART = "report_headline.png"  # first prompt and steady speed against eager: the README shows it
 QUALITY_CHART = "report_quality_speed.png"
 FIRST_PROMPT_BOUND = 1.2  # issue #13: the first prompt with the pack takes at most 1.2x eager's
+REPORT_COLUMNS = ["scenario", "first prompt s", "x eager", "warm restart s", "x eager", "steady prompt s", "s/step",
+                  "speed x eager, same process", "x eager's process", "compiles (first prompt / all)",
+                  "recompiles, steady", "peak RSS MiB", "x eager", "largest error", "PSNR dB"]
 
 
 def with_ratios(runs: list[dict]) -> list[dict]:
@@ -46,58 +49,45 @@ def _labels(runs: list[dict]) -> list[str]:
     return [BY_NAME[r["scenario"]].label for r in runs]
 
 
+def _bar_pairs(ax, first: list[float], second: list[float], labels: list[str], names, colors) -> None:
+    """A pair of bars per label (`first` above, its value written), a line at 1x."""
+    y = range(len(first))
+    ax.barh([i - 0.2 for i in y], first, height=0.4, label=names[0], color=colors[0])
+    ax.barh([i + 0.2 for i in y], second, height=0.4, label=names[1], color=colors[1])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    for i, value in enumerate(first):
+        ax.text(value, i - 0.2, f" {value:.2f}x", va="center", fontsize=7)
+    ax.set_yticks(list(y), labels)
+    ax.invert_yaxis()
+
+
 def headline_chart(path: Path, runs: list[dict], titles: dict[str, str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     by = _family_runs(runs)
     fig, axes = plt.subplots(len(by), 2, figsize=(12, 1.2 + 0.45 * max(len(v) for v in by.values()) * len(by)),
                              squeeze=False)
     for row, (family, fruns) in enumerate(by.items()):
-        labels = _labels(fruns)
-        y = range(len(fruns))
         ax = axes[row][0]
         cold = [r["ratios"]["first_prompt_vs_eager"] for r in fruns]
         warm = [r["ratios"]["warm_restart_vs_eager"] for r in fruns]
-        ax.barh([i - 0.2 for i in y], cold, height=0.4, label="cold start", color="#d1495b")
-        ax.barh([i + 0.2 for i in y], warm, height=0.4, label="warm restart", color="#edae49")
-        ax.axvline(1.0, color="black", linewidth=0.8)
+        _bar_pairs(ax, cold, warm, _labels(fruns), ("cold start", "warm restart"), ("#d1495b", "#edae49"))
         ax.axvline(FIRST_PROMPT_BOUND, color="grey", linestyle="--", linewidth=0.8, label="1.2x bound")
         ax.set_xscale("log")  # a compile in the prompt's path is tens of times eager's; caches are fractions
         ax.set_xlim(0.1, max(10.0, 2 * max(cold + warm)))
-        for i, value in enumerate(cold):
-            ax.text(value, i - 0.2, f" {value:.2f}x", va="center", fontsize=7)
-        ax.set_yticks(list(y), labels)
-        ax.invert_yaxis()
         ax.set_xlabel("first prompt latency, x eager (log scale; lower is better)")
         ax.set_title(titles[family], fontsize=9, loc="left")
         ax.legend(fontsize=7, loc="lower right")
         ax = axes[row][1]
-        here = [r["ratios"]["steady_speedup_same_process"] for r in fruns]
-        apart = [r["ratios"]["steady_speedup"] for r in fruns]
-        ax.barh([i - 0.2 for i in y], here, height=0.4, color="#00798c", label="vs eager in the same process")
-        ax.barh([i + 0.2 for i in y], apart, height=0.4, color="#8cc5cf", label="vs eager's own process")
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_yticks(list(y), [""] * len(fruns))
-        ax.invert_yaxis()
+        _bar_pairs(ax, [r["ratios"]["steady_speedup_same_process"] for r in fruns],
+                   [r["ratios"]["steady_speedup"] for r in fruns], [""] * len(fruns),
+                   ("vs eager in the same process", "vs eager's own process"), ("#00798c", "#8cc5cf"))
         ax.set_xlabel("steady prompt speed, x eager (higher is better)")
         ax.legend(fontsize=7, loc="best")  # where no bar is: the fastest scenarios' bars reach the right edge
-        for i, value in enumerate(here):
-            ax.text(value, i - 0.2, f" {value:.2f}x", va="center", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_chart(fig, path)
 
 
 def quality_chart(path: Path, runs: list[dict], titles: dict[str, str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 5.2))
+    fig, ax = pyplot().subplots(figsize=(7, 5.2))
     floor = 1e-8  # equal outputs (error 0) are drawn on the floor of the log scale
     for family, fruns in _family_runs(runs).items():
         xs = [r["ratios"]["steady_speedup_same_process"] for r in fruns]
@@ -111,9 +101,7 @@ def quality_chart(path: Path, runs: list[dict], titles: dict[str, str]) -> None:
     ax.set_title("quality against speed (each scenario against eager of the same run)", fontsize=9)
     # below the plot: points fill the corners (caches top right, exact scenarios bottom left, compiles between)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_chart(fig, path)
 
 
 def _steady_paths(paths: dict) -> str:
@@ -189,21 +177,15 @@ def markdown(runs: list[dict], skipped: list[dict], bench_models: dict, info: di
                       "first-prompt ratios.", ""]
         lines += [f"`{bench.file}`, latent {bench.latent}x{bench.latent}, {bench.steps} steps, cfg {bench.cfg}, "
                   f"euler/normal, batch 1{', TAESD decode' if family == 'sd15' else ', no decode'}.", "",
-                  "| scenario | first prompt s | x eager | warm restart s | x eager | steady prompt s | s/step "
-                  "| speed x eager, same process | x eager's process | compiles (first prompt / all) "
-                  "| recompiles, steady | peak RSS MiB | x eager | largest error | PSNR dB |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r, label in zip(fruns, _labels(fruns)):
-            ratios, q = r["ratios"], r["quality"]
-            lines.append(
-                f"| {label} | {_fmt(r['first_prompt_s'])} | {_fmt(ratios['first_prompt_vs_eager'])} "
-                f"| {_fmt(r['warm_restart']['first_prompt_s'])} | {_fmt(ratios['warm_restart_vs_eager'])} "
-                f"| {_fmt(r['steady_prompt_s'], 3)} | {_fmt(r['steady_s_per_step'], 3)} "
-                f"| {_fmt(ratios['steady_speedup_same_process'])} | {_fmt(ratios['steady_speedup'])} "
-                f"| {r['compiles_first_prompt']} / {r['compiles_total']} "
-                f"| {r['recompiles_steady']} | {r['peak_rss_mib']:.0f} | {_fmt(ratios['peak_rss_vs_eager'])} "
-                f"| {q['max_rel_error']:.1e} | {_psnr(q)} |")
-        lines.append("")
+                  *markdown_table(REPORT_COLUMNS, [[
+                      label, _fmt(r["first_prompt_s"]), _fmt(r["ratios"]["first_prompt_vs_eager"]),
+                      _fmt(r["warm_restart"]["first_prompt_s"]), _fmt(r["ratios"]["warm_restart_vs_eager"]),
+                      _fmt(r["steady_prompt_s"], 3), _fmt(r["steady_s_per_step"], 3),
+                      _fmt(r["ratios"]["steady_speedup_same_process"]), _fmt(r["ratios"]["steady_speedup"]),
+                      f"{r['compiles_first_prompt']} / {r['compiles_total']}", r["recompiles_steady"],
+                      f"{r['peak_rss_mib']:.0f}", _fmt(r["ratios"]["peak_rss_vs_eager"]),
+                      f"{r['quality']['max_rel_error']:.1e}", _psnr(r["quality"])]
+                      for r, label in zip(fruns, _labels(fruns))]), ""]
         for r in fruns:
             if r.get("background"):
                 b = r["background"]

@@ -10,7 +10,7 @@ from tools.comfy_env import ROOT
 from tools.harness import cli
 from tools.harness.child import print_result, run_variants
 from tools.harness.memory import peak_mib
-from tools.harness.results import write_report
+from tools.harness.results import markdown_table, write_report
 from tools.harness.sampling import conditioning, sample
 from tools.harness.variants import load_unet, variant_model
 
@@ -60,11 +60,10 @@ def main() -> None:
     eager = next(r for r in results if r["scenario"] == "eager")["peak_rss_mib"]
     ratios = {r["scenario"]: round(r["peak_rss_mib"] / eager, 3) for r in results}
     write_report("video_memory", {"settings": vars(args), "results": results, "ratios": ratios})
-    print("\n| scenario | peak RSS MiB | x eager | first sampling s | second s | child's peak RSS MiB |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for r in results:
-        print(f"| {r['scenario']} | {r['peak_rss_mib']} | {ratios[r['scenario']]:.3f} | {r['first_s']} | "
-              f"{r['second_s']} | {', '.join(map(str, r['child_peak_rss_mib'])) or '-'} |")
+    print("", *markdown_table(
+        ["scenario", "peak RSS MiB", "x eager", "first sampling s", "second s", "child's peak RSS MiB"],
+        [[r["scenario"], r["peak_rss_mib"], f"{ratios[r['scenario']]:.3f}", r["first_s"], r["second_s"],
+          ", ".join(map(str, r["child_peak_rss_mib"])) or "-"] for r in results]), sep="\n")
     over = [s for s, ratio in ratios.items() if ratio > BOUND]
     print(f"\nbound {BOUND}x eager's peak RSS: " + (f"over for {', '.join(over)}" if over else "met by every scenario"))
 

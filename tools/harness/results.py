@@ -1,4 +1,5 @@
-"""Where benchmark results go: bench/results/<name>.json (ignored by git), with the machine and versions."""
+"""Where benchmark results go: bench/results/<name>.json (ignored by git), with the machine and versions; and the
+Markdown tables and PNG charts the benchmarks draw."""
 from __future__ import annotations
 
 import json
@@ -30,3 +31,20 @@ def markdown_table(columns: list[str], rows) -> list[str]:
     """A Markdown table's lines: the columns' names, the separator, then a line per row (a list of cells)."""
     return ["| " + " | ".join(columns) + " |", "| --- " * len(columns) + "|",
             *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing into files (no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_chart(fig, path) -> None:
+    """`fig` laid out and written to `path` as a PNG (110 dpi), then closed."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
