@@ -21,6 +21,7 @@ from tools.harness.results import markdown_table, pyplot, save_chart, write_repo
 from tools.harness.sampling import BlockWork, run_settings
 
 MODELS = {"unet": digits.UNet, "flux": digits.Flux, "wan": digits.Wan}
+FORECAST = "DeepCache adaptive, first only, forecast"
 
 
 def arguments():
@@ -44,6 +45,9 @@ def arguments():
     parser.add_argument("--clips-per-digit", type=int, default=2, help="wan: generated clips per digit")
     parser.add_argument("--adaptive", type=float, nargs="+", default=[0.1, 0.2, 0.3])
     parser.add_argument("--adaptive-interval", type=int, default=3, help="adaptive: cache_interval (reuse cap)")
+    parser.add_argument("--forecast", type=float, nargs="*", default=[0.1, 0.2, 0.3],
+                        help="flux, wan: adaptive thresholds with live_blocks 'first only' and forecast 'linear'")
+    parser.add_argument("--forecast-interval", type=int, default=6, help="those settings' cache_interval")
     parser.add_argument("--easycache", type=float, nargs="+", default=[0.1, 0.2, 0.4],
                         help="EasyCache and LazyCache thresholds")
     parser.add_argument("--attention", choices=["comfyui-default", "pytorch"],
@@ -124,6 +128,10 @@ def settings(pack, patcher, args):
     for threshold in args.adaptive:
         out.append((f"DeepCache adaptive {threshold:g}", "DeepCache adaptive", threshold,
                     deepcache.apply(patcher, args.adaptive_interval, args.depth, 0.0, 1.0, "adaptive", threshold)[0]))
+    for threshold in args.forecast:  # First Block Cache's split, each reused step's residual forecast linearly
+        out.append((f"DeepCache adaptive {threshold:g}, first only, forecast", FORECAST, threshold,
+                    deepcache.apply(patcher, args.forecast_interval, args.depth, 0.0, 1.0, "adaptive", threshold,
+                                    forecast="linear", live_blocks="first only")[0]))
     for node, name in ((EasyCacheNode, "EasyCache"), (LazyCacheNode, "LazyCache")):
         for threshold in args.easycache:  # start and end percent at the nodes' defaults
             model = node.execute(patcher, threshold, 0.15, 0.95, False).result[0]
@@ -255,9 +263,9 @@ def evaluate_wan(args, pack, run, patcher, weights: dict):
                                "temporal PSNR (dB)"], table), sep="\n")
     print(f"\n{clips} clips x {args.frames} frames per setting; wall time: median of {args.rounds} interleaved "
           f"rounds, full compute {seconds[full]:.1f} s per generation")
-    if args.strip:  # full compute, DeepCache (adaptive 0.2, interval 3) and EasyCache 0.2
-        shown = [n for n in ("full compute", "DeepCache adaptive 0.2", "DeepCache interval 3", "EasyCache 0.2")
-                 if n in videos]
+    if args.strip:  # full compute, DeepCache (adaptive 0.2, its fast variant, interval 3) and EasyCache 0.2
+        shown = [n for n in ("full compute", "DeepCache adaptive 0.2", "DeepCache adaptive 0.2, first only, forecast",
+                             "DeepCache interval 3", "EasyCache 0.2") if n in videos]
         save_strip(args.strip, {n: videos[n][0] for n in shown})
         print(f"frames of the first clip (digit 0): {args.strip} ({', '.join(shown)}, top to bottom)")
     return ({"model": {"class": "comfy.ldm.wan.model.WanModel", "comfy_model": type(patcher.model).__name__,
@@ -267,7 +275,8 @@ def evaluate_wan(args, pack, run, patcher, weights: dict):
                                     "seconds": train_seconds}},
              "clips_per_setting": clips, "frames": args.frames, "canvas": run.CANVAS, "steps": args.steps,
              "cfg": args.cfg, "sampler": args.sampler, "scheduler": "simple", "rounds": args.rounds,
-             "depth": args.depth, "adaptive_interval": args.adaptive_interval, "attention": args.attention,
+             "depth": args.depth, "adaptive_interval": args.adaptive_interval,
+             "forecast_interval": args.forecast_interval, "attention": args.attention,
              "torch_threads": torch.get_num_threads(), "settings": rows},
             f"digits Wan 2.1 video ({parameters / 1e6:.1f} M), {args.steps} steps {args.sampler}, cfg {args.cfg:g}, "
             f"{clips} clips x {args.frames} frames; labels: interval or threshold")
@@ -308,7 +317,7 @@ def save_strip(path: Path, videos: dict, scale: int = 4) -> None:
 
 def plot(path: Path, rows: list[dict], title: str) -> None:
     fig, ax = pyplot().subplots(figsize=(7, 4.5))
-    markers = {"DeepCache uniform": "o", "DeepCache adaptive": "s", "EasyCache": "^", "LazyCache": "v"}
+    markers = {"DeepCache uniform": "o", "DeepCache adaptive": "s", FORECAST: "D", "EasyCache": "^", "LazyCache": "v"}
     for method, marker in markers.items():
         points = [(r["speedup"], r["psnr_vs_full"], r["knob"]) for r in rows
                   if r["method"] == method and r["psnr_vs_full"] is not None]  # None: equal to full compute

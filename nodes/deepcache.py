@@ -45,14 +45,28 @@ class DeepCache:
                                     "tooltip": "adaptive only: a step reuses while the deep part's input changed "
                                                "by less than this share (0.2 = 20 %) since the last full step. "
                                                "0 = never reuse; higher = faster, further from full compute."}),
+            "forecast": (list(deepcache.FORECASTS), {
+                "default": "off",
+                "tooltip": "What a reused step adds for the skipped work. off: the last full step's feature as it "
+                           "is. linear: the line through the last two full steps' features, taken at this step "
+                           "(closer to full compute at the same speed, most of all with few full steps; keeps one "
+                           "more feature in memory)."}),
+            "live_blocks": (list(deepcache.LIVE_BLOCKS), {
+                "default": "first and last",
+                "tooltip": "Transformers: which blocks run on a reused step. first and last: the first and last "
+                           "(plus cache_depth more at each end). first only: the first (plus cache_depth more); "
+                           "everything after it is reused, so a reused step costs about one block: faster, "
+                           "further from full compute (pair it with forecast linear). UNets: no effect."}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     def apply(self, model, cache_interval, cache_depth, start_percent, end_percent, schedule,
-              threshold=deepcache.DEFAULT_THRESHOLD, unique_id=None):
+              threshold=deepcache.DEFAULT_THRESHOLD, forecast="off", live_blocks="first and last", unique_id=None):
         options = dict(cache_interval=cache_interval, cache_depth=cache_depth, start_percent=start_percent,
-                       end_percent=end_percent, schedule=schedule, threshold=threshold)
+                       end_percent=end_percent, schedule=schedule, threshold=threshold, forecast=forecast,
+                       live_blocks=live_blocks)
         config = deepcache.DeepCacheConfig(interval=cache_interval, depth=cache_depth, start_percent=start_percent,
                                            end_percent=end_percent, schedule=schedule, threshold=threshold,
+                                           forecast=forecast, live_blocks=live_blocks,
                                            owner=None if unique_id is None else str(unique_id))
         patched, depth, message = deepcache.apply(model, config)
         if patched is None:

@@ -451,3 +451,25 @@ def test_with_compile_model_no_recompiles_after_the_first_run(pack, unet, order)
         out = sample(adaptive_model, size=RUN_A["size"], steps=12, seed=0)
     assert last_run_report(pack)["reused_steps"] > 0 and torch.isfinite(out).all()
     assert counters["frames"]["ok"] == after_first, "the adaptive schedule made Compile Model compile"
+
+
+def test_forecast_on_the_unet_extrapolates_later_reused_steps_and_leaks_nothing(pack, unet, eager):
+    """forecast "linear" on the UNet's deep feature: the steps with two full steps behind them (interval 3 over 6
+    steps: 4 and 5) get the line through both, the earlier ones the feature as it is, so the output differs from
+    plain reuse; interval 1 changes nothing; run A, then B at another size with cond and uncond split, then A
+    again: bit for bit the same. live_blocks, a transformer's option, is named in the log and changes nothing."""
+    node = pack.nodes.deepcache.DeepCache()
+
+    def apply(interval=3, **options):
+        return node.apply(unet, interval, 0, 0.0, 1.0, "uniform", **options)[0]
+
+    assert torch.equal(sample(apply(1, forecast="linear"), **run_a_kwargs()), eager[0])
+    plain = sample(apply(), **run_a_kwargs())
+    forecast = apply(forecast="linear")
+    first = sample(forecast, **run_a_kwargs())
+    report = last_run_report(pack)
+    assert report["forecast"] == "linear" and report["reused_steps"] == 4 and report["live_blocks"] is None, report
+    assert torch.isfinite(first).all() and not torch.equal(first, plain), "nothing was extrapolated"
+    sample(split_cond_uncond(forecast), size=(8, 16), batch=2, steps=6, seed=1)
+    assert torch.equal(sample(forecast, **run_a_kwargs()), first), "run A changed after run B"
+    assert torch.equal(sample(apply(live_blocks="first only"), **run_a_kwargs()), plain)

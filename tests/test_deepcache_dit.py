@@ -259,3 +259,42 @@ def test_dit_deepcache_with_compile_model_recompiles_nothing_after_the_first_run
             with torch.compiler.set_stance("fail_on_recompile"):
                 sample_run(build(), seed=5)
             assert counters["frames"]["ok"] == frames, "DeepCache made Compile Model recompile after the first run"
+
+
+# ---- forecast and live blocks (accel/deepcache/config.py) -----------------------------------------------------
+def with_options(pack, model, interval=3, schedule="uniform", **options):
+    return pack.nodes.deepcache.DeepCache().apply(model, interval, 0, 0.0, 1.0, schedule, **options)[0]
+
+
+@pytest.mark.parametrize("name", ("flux", "wan21"))
+def test_first_only_skips_the_last_blocks_too_and_forecast_extrapolates_without_leaking(accel_pack, models, name):
+    """live_blocks "first only" reuses the last blocks too: more compute skipped on the same steps. forecast
+    "linear" changes the steps that have two full steps behind them (interval 3: 4 and 5) and nothing with
+    interval 1; run A, then B at another size with cond and uncond split, then A again: bit for bit the same.
+    Flux's two block lists each get a span, the single blocks' to their end."""
+    model = models[name]
+    eager = run(model, name)
+    fast = {"forecast": "linear", "live_blocks": "first only"}
+    assert torch.equal(run(with_options(accel_pack, model, 1, **fast), name), eager), "interval 1 changed the output"
+    plain = run(with_options(accel_pack, model), name)
+    both_ends = last_report(accel_pack)
+    first_only = run(with_options(accel_pack, model, live_blocks="first only"), name)
+    report = last_report(accel_pack)
+    assert report["live_blocks"] == "first only" and report["reused_steps"] == both_ends["reused_steps"] == REUSED
+    assert report["compute_skipped"] > both_ends["compute_skipped"], (report, both_ends)
+    assert not torch.equal(first_only, plain), "the last blocks still ran"
+    forecast = with_options(accel_pack, model, forecast="linear")
+    first = run(forecast, name, seed=3)
+    assert last_report(accel_pack)["forecast"] == "linear"
+    assert not torch.equal(first, run(with_options(accel_pack, model), name, seed=3)), "nothing was extrapolated"
+    assert torch.isfinite(first).all()
+    run(split_cond_uncond(forecast), name, seed=4, latent_shape=bigger(name))
+    assert torch.equal(run(forecast, name, seed=3), first), "run A changed after run B"
+    error = ((run(with_options(accel_pack, model, **fast), name) - eager).abs().max() / eager.abs().max()).item()
+    assert error < 1.0, f"{name}: forecast over the first block's span gave another picture entirely ({error:.3f})"
+
+
+def test_bad_forecast_or_live_blocks_are_refused_when_the_node_runs(accel_pack, models):
+    for bad in ({"forecast": "quadratic"}, {"live_blocks": "last only"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            with_options(accel_pack, models["wan21"], **bad)

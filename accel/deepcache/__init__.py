@@ -11,9 +11,9 @@
 - `runtime`: the wrappers (OUTER_SAMPLE, and the UNet's and the transformer's per-call ones) and `apply()`.
 """
 from .adaptive import DEFAULT_THRESHOLD
-from .config import DeepCacheConfig
+from .config import FORECASTS, LIVE_BLOCKS, DeepCacheConfig
 from .run_state import FEATURE
 from .runtime import apply
 from .schedule import SCHEDULES
 
-__all__ = ["DEFAULT_THRESHOLD", "FEATURE", "DeepCacheConfig", "SCHEDULES", "apply"]
+__all__ = ["DEFAULT_THRESHOLD", "FEATURE", "FORECASTS", "LIVE_BLOCKS", "DeepCacheConfig", "SCHEDULES", "apply"]

@@ -6,6 +6,15 @@ from dataclasses import dataclass
 from .adaptive import DEFAULT_THRESHOLD, AdaptivePolicy
 from .schedule import ADAPTIVE, ADAPTIVE_MIN_STEPS, SCHEDULES
 
+# What a reused step adds for the skipped work: the feature of the last full step as it is ("off", DeepCache's
+# own rule), or extrapolated from the last two full steps, linearly in sigma ("linear": a first-order forecast,
+# as TaylorSeer does; it keeps one more feature per cond chunk).
+FORECASTS = ("off", "linear")
+# Transformers: which end blocks run on a reused step. "first and last": DeepCache's split (the last block
+# refines the reused residual); "first only": everything after the first block(s) is reused, as First Block Cache
+# does, so a reused step costs one block. UNets keep their own split (cache_depth's skip branch).
+LIVE_BLOCKS = ("first and last", "first only")
+
 
 @dataclass(frozen=True)
 class DeepCacheConfig:
@@ -15,6 +24,8 @@ class DeepCacheConfig:
     end_percent: float = 1.0
     schedule: str = "uniform"
     threshold: float = DEFAULT_THRESHOLD  # adaptive only: the change of the signal under which a step reuses
+    forecast: str = "off"
+    live_blocks: str = "first and last"  # transformers only
     owner: str | None = None  # who applied it (the web UI's node id), named in its run reports; changes nothing
 
     def __post_init__(self):
@@ -24,6 +35,10 @@ class DeepCacheConfig:
             raise ValueError("cache depth must be 0 or more")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}")
+        if self.forecast not in FORECASTS:
+            raise ValueError(f"forecast must be one of {FORECASTS}, not {self.forecast!r}")
+        if self.live_blocks not in LIVE_BLOCKS:
+            raise ValueError(f"live_blocks must be one of {LIVE_BLOCKS}, not {self.live_blocks!r}")
         self.policy()  # a bad threshold fails here, when the node runs, not in the middle of sampling
 
     def policy(self) -> AdaptivePolicy:
@@ -32,7 +47,8 @@ class DeepCacheConfig:
 
 
 def schedule_text(config: DeepCacheConfig) -> str:
+    forecast = ", features forecast linearly from the last two full steps" if config.forecast == "linear" else ""
     if config.schedule == ADAPTIVE:
         return (f"adaptive schedule (threshold {config.threshold:g}, at most {config.interval - 1} reused steps in "
-                f"a row, runs under {ADAPTIVE_MIN_STEPS} steps left alone)")
-    return f"{config.schedule} schedule"
+                f"a row, runs under {ADAPTIVE_MIN_STEPS} steps left alone){forecast}")
+    return f"{config.schedule} schedule{forecast}"

@@ -1,6 +1,6 @@
 """DeepCache's idea on a transformer (DiT): on a reused step the middle blocks are not run; their cached residual
 (output minus input of that span of blocks, per stream: image tokens, and text tokens where the block carries
-them) is added instead, and only the first and last blocks run.
+them) is added instead, and only the first and last blocks run (with live_blocks "first only", the first; config.py).
 
 Hooked through ComfyUI's own per-block replacement, `patches_replace["dit"][("double_block" | "single_block", i)]`,
 which the model's block loop calls with the block's inputs and the original block (Flux, Chroma, HunyuanVideo,
@@ -72,14 +72,15 @@ def is_dit(diffusion_model) -> bool:
     return block_lists(diffusion_model) is not None
 
 
-def plan_spans(diffusion_model, live: int) -> list[Span]:
+def plan_spans(diffusion_model, live: int, live_end: int | None = None) -> list[Span]:
     """The spans a reused call skips: everything but the first `live` blocks of the first list and the last
-    `live` of the last (lists that are left empty get no span)."""
+    `live_end` (default: `live`) of the last (lists that are left empty get no span)."""
+    live_end = live if live_end is None else live_end
     lists = [(len(getattr(diffusion_model, name)), patch) for name, patch in block_lists(diffusion_model)]
     spans = []
     for i, (count, patch) in enumerate(lists):
         first = live if i == 0 else 0
-        last = count - 1 - (live if i == len(lists) - 1 else 0)
+        last = count - 1 - (live_end if i == len(lists) - 1 else 0)
         if first <= last:
             spans.append(Span(len(spans), patch, first, last))
     return spans

@@ -9,6 +9,7 @@ read another call's features.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -33,6 +34,14 @@ class _Entry:
     h: object  # the deep feature of one cond chunk
     reference: object = None  # adaptive: the signal of this chunk at `step` (adaptive.py)
     reused: set = field(default_factory=set)  # adaptive: the steps that reused this entry
+    previous: "_Entry | None" = None  # forecast: the entry of the full step before, same signature
+
+
+def extrapolate(h, previous, factor: float):
+    """h + (h - previous) * factor, over a feature (a UNet's tensor) or a residual dict ({span: {stream: tensor}})."""
+    if isinstance(h, dict):
+        return {k: extrapolate(v, previous[k], factor) for k, v in h.items()}
+    return h + (h - previous) * factor
 
 
 @dataclass
@@ -85,6 +94,25 @@ class RunState:
         return AdaptiveCall(policy=self.config.policy(), references=[e.reference for e in entries],
                             reused_in_row=[len(e.reused - {step}) for e in entries])
 
+    def reused_feature(self, entry: _Entry, step: int):
+        """What a reused `step` adds for `entry`'s chunk: its feature as it is, or with forecast "linear" the line
+        through the last two full steps' features, in sigma, taken at this step's sigma."""
+        previous = entry.previous
+        if previous is None:
+            return entry.h
+        sigmas = self.plan.sigmas
+        span = sigmas[entry.step] - sigmas[previous.step]
+        if span == 0:
+            return entry.h
+        return extrapolate(entry.h, previous.h, (sigmas[step] - sigmas[entry.step]) / span)
+
+    def _entry(self, key, step: int, signature: tuple, h, reference) -> _Entry:
+        """A chunk's new entry; with a forecast it keeps the one it replaces (without that one's own previous)."""
+        old = self.features.get(key)
+        keep = (self.config.forecast != "off" and old is not None and old.signature == signature
+                and old.step < step)
+        return _Entry(step, signature, h, reference, previous=dataclasses.replace(old, previous=None) if keep else None)
+
     def mark_reused(self, keys, step: int, which=None) -> None:
         for i, key in enumerate(keys):
             if which is None or which[i]:
@@ -125,14 +153,14 @@ class RunState:
     def store(self, keys, step: int, signature: tuple, h, signal=None) -> None:
         references = signal.chunk(len(keys)) if signal is not None else [None] * len(keys)
         for i, chunk in enumerate(h.chunk(len(keys))):
-            self.features[keys[i]] = _Entry(step, signature, chunk, references[i])
+            self.features[keys[i]] = self._entry(keys[i], step, signature, chunk, references[i])
 
     def store_parts(self, keys, step: int, signature: tuple, parts: list, signal=None, skip=None) -> None:
         """One entry per chunk from a call's parts; `skip` flags chunks that keep their entry (they reused)."""
         references = signal.chunk(len(keys)) if signal is not None else [None] * len(keys)
         for i, (key, part) in enumerate(zip(keys, parts)):
             if not (skip and skip[i]):
-                self.features[key] = _Entry(step, signature, part, references[i])
+                self.features[key] = self._entry(key, step, signature, part, references[i])
 
     def account_dit(self, batch: int, shallow: bool) -> None:
         """A DiT call's compute, in units of one sample's full call (the spans' share is fixed by the model)."""
@@ -171,6 +199,8 @@ class RunState:
             "estimate": estimate,
             "interval": self.config.interval, "depth": self.depth, "schedule": self.config.schedule,
             "threshold": self.config.threshold if self.plan.adaptive else None,
+            "forecast": self.config.forecast,
+            "live_blocks": None if self.dit_skipped_share is None else self.config.live_blocks,  # transformers only
             "node": self.config.owner,
         }
 

@@ -88,8 +88,8 @@ class DiffusionModelWrapper:
             decided_full = call.adaptive is not None and not all(call.adaptive.decide(x))
             if call.entries is not None and not decided_full:
                 capture.armed = False  # installed only so blocks see the same patch structure as on full steps
-                entries = call.entries
-                deep_h = entries[0].h if len(entries) == 1 else torch.cat([entry.h for entry in entries])
+                features = [run.reused_feature(entry, call.step) for entry in call.entries]
+                deep_h = features[0] if len(features) == 1 else torch.cat(features)
                 with unet_paths.capture_installed(transformer_options, capture):
                     out = unet_paths.shallow_forward(unet, self.depth, deep_h, *args, **kwargs)
                 run.note_reused(call)
@@ -139,7 +139,7 @@ class DiTApplyModelWrapper:
         decided = run.call(transformer_options, x, may_reuse=control is None)
         call = dit_paths.SpanCall()
         if decided.entries is not None:
-            call.residuals = dit_paths.join_residuals([e.h for e in decided.entries])
+            call.residuals = dit_paths.join_residuals([run.reused_feature(e, decided.step) for e in decided.entries])
             call.adaptive = decided.adaptive  # adaptive: decided in the block loop, from the first span's input
         if not call.residuals or call.adaptive is not None:
             call.capture = decided.keeps_features or (call.adaptive is not None and bool(decided.keys)
@@ -197,13 +197,16 @@ def _with_wrappers(model_patcher, outer, inner, inner_type: str):
 
 
 def _apply_dit(model_patcher, diffusion_model, config: DeepCacheConfig):
-    """On a transformer, `depth` is how many blocks stay live at each end beyond the first and last one."""
+    """On a transformer, `depth` is how many blocks stay live at each end beyond the first and last one (with
+    live_blocks "first only": at the start, and none at the end)."""
     live = config.depth + 1
-    spans = dit_paths.plan_spans(diffusion_model, live)
+    live_end = live if config.live_blocks == "first and last" else 0
+    spans = dit_paths.plan_spans(diffusion_model, live, live_end)
     name = type(diffusion_model).__name__
     if not spans:
-        return None, None, (f"{name} has too few blocks to keep {live} live at each end (cache depth "
-                            f"{config.depth}): nothing would be reused")
+        return None, None, (f"{name} has too few blocks to keep {live} live at the start and {live_end} at the "
+                            f"end (cache depth {config.depth}, live blocks {config.live_blocks}): nothing would be "
+                            "reused")
     import comfy.patcher_extension as pe
 
     share = dit_paths.skipped_share(diffusion_model, spans)
@@ -233,6 +236,8 @@ def _apply_unet(model_patcher, diffusion_model, config: DeepCacheConfig):
     branches = unet_paths.branch_count(diffusion_model)
     depth = min(config.depth, branches - 1)
     message = f"interval {config.interval}, branch {depth} of 0..{branches - 1}, {schedule_text(config)}"
+    if config.live_blocks != "first and last":
+        message += f" (live blocks {config.live_blocks!r} is for transformers: a UNet keeps its skip branch live)"
     if depth != config.depth:
         message += f" (cache depth {config.depth} is beyond this UNet's deepest branch {branches - 1})"
     if config.start_percent >= config.end_percent and config.interval > 1:
