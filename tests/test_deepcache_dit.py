@@ -266,12 +266,12 @@ def with_options(pack, model, interval=3, schedule="uniform", **options):
     return pack.nodes.deepcache.DeepCache().apply(model, interval, 0, 0.0, 1.0, schedule, **options)[0]
 
 
-@pytest.mark.parametrize("name", ("flux", "wan21"))
+@pytest.mark.parametrize("name", CASES)
 def test_first_only_skips_the_last_blocks_too_and_forecast_extrapolates_without_leaking(accel_pack, models, name):
     """live_blocks "first only" reuses the last blocks too: more compute skipped on the same steps. forecast
     "linear" changes the steps that have two full steps behind them (interval 3: 4 and 5) and nothing with
     interval 1; run A, then B at another size with cond and uncond split, then A again: bit for bit the same.
-    Flux's two block lists each get a span, the single blocks' to their end."""
+    Flux's and HunyuanVideo's two block lists each get a span, the single blocks' to their end."""
     model = models[name]
     eager = run(model, name)
     fast = {"forecast": "linear", "live_blocks": "first only"}

@@ -120,17 +120,20 @@ class SpanCall:
 
 
 def split_residuals(residuals: dict, chunks: int) -> list[dict]:
-    """A call's residuals, one dict per cond chunk (the batch's equal parts, as the call's cond/uncond order)."""
+    """A call's residuals, one dict per cond chunk (the batch's equal parts, as the call's cond/uncond order). A
+    stream that ends inside the span (None) stays None in every part."""
     parts = [{} for _ in range(chunks)]
     for span, streams in residuals.items():
         for stream, tensor in streams.items():
-            for i, piece in enumerate(tensor.chunk(chunks)):
+            pieces = [None] * chunks if tensor is None else tensor.chunk(chunks)
+            for i, piece in enumerate(pieces):
                 parts[i].setdefault(span, {})[stream] = piece
     return parts
 
 
 def join_residuals(parts: list[dict]) -> dict:
-    return {span: {stream: torch.cat([p[span][stream] for p in parts]) for stream in parts[0][span]}
+    return {span: {stream: None if parts[0][span][stream] is None else torch.cat([p[span][stream] for p in parts])
+                   for stream in parts[0][span]}
             for span in parts[0]}
 
 
@@ -154,14 +157,17 @@ class SpanBlockPatch:
         if first and call.adaptive is not None:
             call.adaptive.decide(args.get("img"))  # at the first span's first block; later spans follow it
         if span.index in call.reusing or (first and call.reuses(span.index)):
+            # A stream whose residual is None ends inside the span (SD3's last joint block outputs no text): the
+            # span's output has None there, as the blocks give it.
             residual = call.residuals[span.index]
             if first:
-                if any(k not in args or args[k].shape != r.shape for k, r in residual.items()):
+                if any(r is not None and (k not in args or args[k].shape != r.shape) for k, r in residual.items()):
                     call.ran_spans.add(span.index)  # another shape: this span runs in this call
                     return original(args)
                 call.reusing.add(span.index)
-                return {k: args[k] + r for k, r in residual.items()}
-            return {k: args[k] for k in residual}  # inside the span: the residual was added at its start
+                return {k: None if r is None else args[k] + r for k, r in residual.items()}
+            # inside the span: the residual was added at its start
+            return {k: None if r is None else args[k] for k, r in residual.items()}
         if call.capture and first:
             call.starts[span.index] = {k: v.clone() for k, v in args.items()
                                        if isinstance(v, torch.Tensor) and k in ("img", "txt")}
@@ -171,8 +177,10 @@ class SpanBlockPatch:
         call.ran_spans.add(span.index)
         if call.capture and last and span.index in call.starts:
             start = call.starts.pop(span.index)
-            if all(isinstance(v, torch.Tensor) and k in start and start[k].shape == v.shape for k, v in out.items()):
-                call.captured[span.index] = {k: v - start[k] for k, v in out.items()}
+            if any(isinstance(v, torch.Tensor) for v in out.values()) and all(
+                    v is None or (isinstance(v, torch.Tensor) and k in start and start[k].shape == v.shape)
+                    for k, v in out.items()):
+                call.captured[span.index] = {k: None if v is None else v - start[k] for k, v in out.items()}
                 if call.adaptive is not None and call.adaptive.mixed and span.index in call.residuals:
                     out = splice_reused_chunks(out, start, call.residuals[span.index], call.adaptive.reuse)
         return out
@@ -183,7 +191,7 @@ def splice_reused_chunks(out: dict, start: dict, residual: dict, reuse: tuple) -
     where only some chunks reuse, each chunk gets what it would get in a call of its own."""
     spliced = dict(out)
     for k, residual_k in residual.items():
-        if k not in out or out[k].shape != residual_k.shape:
+        if residual_k is None or k not in out or out[k] is None or out[k].shape != residual_k.shape:
             continue
         parts = list(out[k].chunk(len(reuse)))
         starts, residuals = start[k].chunk(len(reuse)), residual_k.chunk(len(reuse))

@@ -41,6 +41,8 @@ def extrapolate(h, previous, factor: float):
     """h + (h - previous) * factor, over a feature (a UNet's tensor) or a residual dict ({span: {stream: tensor}})."""
     if isinstance(h, dict):
         return {k: extrapolate(v, previous[k], factor) for k, v in h.items()}
+    if h is None:  # a stream that ends inside the span (dit_paths.py)
+        return None
     return (h - previous).mul_(factor).add_(h)  # one new tensor a call, not three (the same values)
 
 
