@@ -46,6 +46,10 @@ FLUX = ["--family", "flux", "--latent", "128", "--steps", "8"]
 # Loaded/compiled steady step. gpu_h100.md's open problem: 20 ms against 16.3 ms, process-wide (eager in the
 # same process slowed too, so the ratio paired with eager would hide it).
 LOADED_BOUND = 1.10
+# Plain eager, timed in each variant's process (the `paired` samplings), against eager's own process: what the
+# variant costs the rest of the process. The H200 run (gpu_h200.md) found the defaults' process 1.29x slower at
+# eager steps, core's 1.01x.
+TAX_BOUND = 1.10
 DYNAMIC_PROBE = ("import json; from tools.comfy_env import import_comfyui; import_comfyui(cpu=False); from "
                  "comfy.cli_args import enables_dynamic_vram as on; print('RESULT', json.dumps({'on': bool(on())}))")
 checks: list[tuple[str, str]] = []  # (PASS, FAIL or SKIPPED, what)
@@ -152,13 +156,49 @@ def flux_step(runs: list[dict]) -> list[str]:
         if r["variant"] != "eager" and steady is not None:
             check(max(first, steady) <= tol and repeats == 0, f"Flux {r['variant']}: error {max(first, steady):.2g} "
                   f"(fp16 tolerance {tol:g}), {repeats} compiles on the sweeps' repeats")
+    taxes = process_taxes(report["results"])
+    for variant, tax in taxes.items():
+        check(tax <= TAX_BOUND, f"Flux {variant}: plain eager steps {tax:.3f}x as long in its process as in eager's "
+              f"(bound {TAX_BOUND})")
     for variant in sorted({"eager", "core", "accel", "accel-compiled"} - {r["variant"] for r in report["results"]}):
         check(False, f"Flux {variant} did not finish: {failure(runs[0])}", "SKIPPED" if spent(runs[0]) else None)
     return [*markdown_table("variant,cold first sampling,child's wait / loading sampling,steady ms/step,paired with "
                             "eager: ms/step / eager's / ratio,peak GPU allocated,peak RSS,compiles in prompt-length / "
                             "size sweeps; on their repeats,error vs eager: first / steady".split(","), rows),
             "", *(f"- {k}: {v:.3g}" for k, v in report.get("ratios", {}).items()),
+            *(f"- plain eager's step in the {v} process / in eager's: {t:.3f}" for v, t in taxes.items()),
             "- GPU kernel time per step: not measured by this script (gpu_h100.md took it with torch.profiler)."]
+
+
+def process_taxes(results: list[dict]) -> dict[str, float]:
+    """Per variant: plain eager's paired step in its process over eager's in the eager process (1.0: the variant
+    slows nothing else)."""
+    own = next((r["paired"]["eager_s_per_step"] for r in results if r["variant"] == "eager"), None)
+    return {} if own is None else {r["variant"]: r["paired"]["eager_s_per_step"] / own
+                                   for r in results if r["variant"] != "eager"}
+
+
+def tax_step(runs: list[dict]) -> list[str]:
+    rows = []
+    for run in runs:
+        if not (found := json_lines(run["stdout"])):
+            check(False, f"process tax ({shlex.join(run['cmd'][1:])}): {failure(run) or 'no RESULT line'}",
+                  "SKIPPED" if spent(run) else None)
+            continue
+        r, after = found[0], found[0]["after"]
+        tax = r["eager_after_vs_before"]
+        check(tax <= TAX_BOUND, f"plain eager after the defaults' background compile steps {tax:.3f}x as long as "
+              f"before it, in one process{' (OMP_WAIT_POLICY=PASSIVE)' if r['omp_env'] else ''} (bound {TAX_BOUND})")
+        rows.append([", ".join(f"{k}={v}" for k, v in r["omp_env"].items()) or "as it is",
+                     f(r["before"]["eager_ms"], ".1f"), f"{after['eager_ms_0']:.1f}, {after['eager_ms_1']:.1f}",
+                     f"{after['defaults_ms_0']:.1f}, {after['defaults_ms_1']:.1f}", f"{tax:.3f}",
+                     f"{r['before']['cat_us']:.0f} / {r['before']['cat_p90_us']:.0f}",
+                     f"{after['cat_us']:.0f} / {after['cat_p90_us']:.0f}",
+                     f"{r['before']['threads']} / {after['eager_busy']['threads']}", checks[-1][0]])
+    return [*markdown_table("OpenMP settings,eager before (ms/step),eager after (two rounds),the defaults after,"
+                            "eager after / before,CPU cat before: median / p90 (us),after,threads before / after,"
+                            "result".split(","), rows),
+            "", "Each process on empty caches of its own; the full output (busy threads, children) is in the log."]
 
 
 def cache_step(runs: list[dict]) -> list[str]:
@@ -215,6 +255,8 @@ STEPS = [  # cheap steps first: a budget spent by the long ones leaves them done
          "--steps", "4"] for i in range(0, len(NAMES), FAMILIES_PER_PROCESS)], families_step, parallel=True),
     Step("flux", "The benchmark Flux at 1024x1024", 240, lambda s: [
         [PY, "bench/compile_model.py", *FLUX, "--variants", "eager,core,accel,accel-compiled"]], flux_step),
+    Step("tax", "What the defaults cost the rest of their process", 150, lambda s: [
+        [PY, "bench/process_tax.py"], [PY, "bench/process_tax.py", "--omp-passive"]], tax_step),
     Step("cache", "A process that loaded from the cache against one that compiled", 180, lambda s: [
         [PY, "bench/compile_model.py", "--child", "accel", *FLUX, "--outputs", s]] * 2, cache_step,
          shared_cache=True),

@@ -1,0 +1,121 @@
+"""What Compile Model's defaults cost the rest of their process: plain eager's steady step before the node is applied
+and after its background compile, in one process, with the process's threads, children and a sampler-sized CPU
+`cat`/`fill_` at both points. On one H200 (docs/benchmarks/gpu_h200.md) eager stepped at 20.5 ms before and 24.0 ms
+after; this is the probe that showed it, run by `make bench-gpu` (its `tax` step). Empty caches of its own, so the
+node's first sampling is cold and its graphs come from its own background child. `--omp-passive`: the same with
+OMP_WAIT_POLICY=PASSIVE (OpenMP's idle threads sleep at once instead of spinning), to tell spinning pools apart.
+
+    python bench/process_tax.py [--model accel-tiny-flux-bench.safetensors] [--latent 128] [--steps 8] [--omp-passive]
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import _path  # noqa: F401  (the project root on sys.path)
+from tools.family_models import FLUX_BENCH
+from tools.harness import cli
+from tools.harness.child import cache_env, print_result
+from tools.harness.sampling import conditioning, sample
+from tools.harness.variants import load_unet, variant_model, wait_for_background
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu() -> dict[str, tuple[str, int]]:
+    """Per thread of this process: (name, CPU ticks so far); Python's name where the thread is Python's."""
+    names = {str(t.native_id): t.name for t in threading.enumerate()}
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat, open(f"/proc/self/task/{tid}/comm") as comm:
+                fields = stat.read().rsplit(")", 1)[1].split()
+                found[tid] = (names.get(tid, comm.read().strip()), int(fields[11]) + int(fields[12]))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return found
+
+
+def busy_threads(run, samplings: int = 6) -> dict:
+    """The threads' CPU use, in cores, over `samplings` runs of `run` (those above 1% of a core)."""
+    before, start = thread_cpu(), time.perf_counter()
+    for _ in range(samplings):
+        run()
+    wall, after = time.perf_counter() - start, thread_cpu()
+    used = sorted(((after[t][0], round((after[t][1] - before[t][1]) / TICKS / wall, 3)) for t in after
+                   if t in before), key=lambda row: -row[1])
+    return {"threads": len(after), "busy": [row for row in used if row[1] > 0.01]}
+
+
+def cpu_ops(latent: int) -> dict:
+    """Median and 90th percentile microseconds of a sampler-sized CPU `cat` (a new output each time) and `fill_`."""
+    import torch
+
+    states, latent_buffer, found = torch.zeros(1, 77, 4096), torch.empty(1, 16, latent, latent), {}
+    for name, op in (("cat", lambda: torch.cat([states, states], 1)), ("fill", lambda: latent_buffer.fill_(1.0))):
+        times = []
+        for _ in range(200):
+            start = time.perf_counter()
+            op()
+            times.append((time.perf_counter() - start) * 1e6)
+        times.sort()
+        found[f"{name}_us"], found[f"{name}_p90_us"] = statistics.median(times), times[179]
+    return found
+
+
+def children() -> list[str]:
+    import psutil
+
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            found.append(" ".join(child.cmdline()[:4])[-70:])
+        except psutil.Error:  # ended, or a zombie not yet reaped
+            found.append(f"pid {child.pid} (ended)")
+    return found
+
+
+def main() -> None:
+    parser = cli.parser(__doc__, model=FLUX_BENCH.file_name, latent=128, steps=8)
+    parser.add_argument("--omp-passive", action="store_true", help="run with OMP_WAIT_POLICY=PASSIVE")
+    args = parser.parse_args()
+    if args.omp_passive and os.environ.get("OMP_WAIT_POLICY") != "PASSIVE":  # read once, when OpenMP starts
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    os.environ.update(cache_env(Path(tempfile.mkdtemp(prefix="accel-bench-tax-")), {}))
+    import torch
+
+    base = load_unet(args.model, cpu=not torch.cuda.is_available())
+    conds = conditioning(4096, 77, pooled=True)
+
+    def run(model):
+        return sample(model, conds, (1, 16, args.latent, args.latent), args.steps, 1.0)
+
+    def steady_ms(model, samplings: int = 4) -> float:
+        return statistics.median(sum((run(model).step_s[1:] for _ in range(samplings)), [])) * 1e3
+
+    run(base), run(base)
+    result = {"omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "KMP_"))},
+              "before": {"eager_ms": steady_ms(base), **cpu_ops(args.latent), **busy_threads(lambda: run(base))}}
+    model, engine = variant_model("accel", base)
+    run(model)
+    result["background"] = wait_for_background(engine)
+    run(model), run(model)
+    after = {"children": children()}
+    for round_ in range(2):  # interleaved: a drift of the machine falls on both
+        after[f"eager_ms_{round_}"], after[f"defaults_ms_{round_}"] = steady_ms(base), steady_ms(model)
+    after.update(cpu_ops(args.latent))
+    after["eager_busy"], after["defaults_busy"] = busy_threads(lambda: run(base)), busy_threads(lambda: run(model))
+    after["python_threads"] = [t.name for t in threading.enumerate()]
+    result["after"] = after
+    result["eager_after_vs_before"] = statistics.mean([after["eager_ms_0"], after["eager_ms_1"]]) / \
+        result["before"]["eager_ms"]
+    print_result(result, default=str)
+
+
+if __name__ == "__main__":
+    main()
