@@ -194,10 +194,11 @@ def tax_step(runs: list[dict]) -> list[str]:
                      f"{after['defaults_ms_0']:.1f}, {after['defaults_ms_1']:.1f}", f"{tax:.3f}",
                      f"{r['before']['cat_us']:.0f} / {r['before']['cat_p90_us']:.0f}",
                      f"{after['cat_us']:.0f} / {after['cat_p90_us']:.0f}",
+                     f"{r['before']['small_op_us']:.2f} -> {after['small_op_us']:.2f}",
                      f"{r['before']['threads']} / {after['eager_busy']['threads']}", checks[-1][0]])
     return [*markdown_table("OpenMP settings,eager before (ms/step),eager after (two rounds),the defaults after,"
-                            "eager after / before,CPU cat before: median / p90 (us),after,threads before / after,"
-                            "result".split(","), rows),
+                            "eager after / before,CPU cat before: median / p90 (us),after,a torch call on 8 elements (us),"
+                            "threads before / after,result".split(","), rows),
             "", "Each process on empty caches of its own; the full output (busy threads, children) is in the log."]
 
 

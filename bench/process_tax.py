@@ -53,7 +53,8 @@ def busy_threads(run, samplings: int = 6) -> dict:
 
 
 def cpu_ops(latent: int) -> dict:
-    """Median and 90th percentile microseconds of a sampler-sized CPU `cat` (a new output each time) and `fill_`."""
+    """Median and 90th percentile microseconds of a sampler-sized CPU `cat` (a new output each time) and `fill_`,
+    and the median microseconds of a torch call on an 8-element tensor."""
     import torch
 
     states, latent_buffer, found = torch.zeros(1, 77, 4096), torch.empty(1, 16, latent, latent), {}
@@ -65,6 +66,14 @@ def cpu_ops(latent: int) -> dict:
             times.append((time.perf_counter() - start) * 1e6)
         times.sort()
         found[f"{name}_us"], found[f"{name}_p90_us"] = statistics.median(times), times[179]
+    small = torch.ones(8)
+    per_op = []
+    for _ in range(50):  # what Python pays per torch call: what a launch-bound GPU step is made of
+        start = time.perf_counter()
+        for _ in range(200):
+            small.add(1.0)
+        per_op.append((time.perf_counter() - start) / 200 * 1e6)
+    found["small_op_us"] = statistics.median(per_op)
     return found
 
 
