@@ -1,7 +1,7 @@
 """What Compile Model's defaults cost the rest of their process: plain eager's steady step before the node is applied
 and after its background compile, in one process, with the process's threads, children and a sampler-sized CPU
 `cat`/`fill_` at both points. On one H200 (docs/benchmarks/gpu_h200.md) eager stepped at 20.5 ms before and 24.0 ms
-after; this is the probe that showed it, run by `make bench-gpu` (its `tax` step). Empty caches of its own, so the
+after, in a first version of this probe; `make bench-gpu` runs it (its `tax` step). Empty caches of its own, so the
 node's first sampling is cold and its graphs come from its own background child. `--omp-passive`: the same with
 OMP_WAIT_POLICY=PASSIVE (OpenMP's idle threads sleep at once instead of spinning), to tell spinning pools apart.
 
