@@ -179,7 +179,7 @@ def process_taxes(results: list[dict]) -> dict[str, float]:
 
 
 def tax_step(runs: list[dict]) -> list[str]:
-    rows = []
+    rows, switches = [], []
     for run in runs:
         if not (found := json_lines(run["stdout"])):
             check(False, f"process tax ({shlex.join(run['cmd'][1:])}): {failure(run) or 'no RESULT line'}",
@@ -188,17 +188,23 @@ def tax_step(runs: list[dict]) -> list[str]:
         r, after = found[0], found[0]["after"]
         tax, passive = r["eager_after_vs_before"], r["omp_env"].get("OMP_WAIT_POLICY") == "PASSIVE"
         check(tax <= TAX_BOUND, f"plain eager after the defaults' background compile steps {tax:.3f}x as long as "
-              f"before it, in one process{' (OMP_WAIT_POLICY=PASSIVE)' * passive} (bound {TAX_BOUND})")
-        rows.append([", ".join(f"{k}={v}" for k, v in r["omp_env"].items()) or "as it is",
+              f"before it, in one process{' (OMP_WAIT_POLICY=PASSIVE)' * passive}"
+              f"{' (MALLOC_MMAP_THRESHOLD_ fixed)' * bool(r['malloc_env'])} (bound {TAX_BOUND})")
+        switches.append(f"- process {len(rows) + 1}: the main thread's context switches in one eager sampling, "
+                        f"before {r['before']['switches']}, after {after['switches']}; the CPU ops with the most self "
+                        f"time (op, ms, calls) before {r['before']['top_cpu_ops'][:4]}, after "
+                        f"{after['top_cpu_ops'][:4]}")
+        rows.append([", ".join(f"{k}={v}" for k, v in {**r["omp_env"], **r["malloc_env"]}.items()) or "as it is",
                      f(r["before"]["eager_ms"], ".1f"), f"{after['eager_ms_0']:.1f}, {after['eager_ms_1']:.1f}",
                      f"{after['defaults_ms_0']:.1f}, {after['defaults_ms_1']:.1f}", f"{tax:.3f}",
-                     f"{r['before']['cat_us']:.0f} / {r['before']['cat_p90_us']:.0f}",
-                     f"{after['cat_us']:.0f} / {after['cat_p90_us']:.0f}",
+                     f"{r['before']['cat_us']:.0f} / {r['before']['cat_p90_us']:.0f}; {r['before']['cat_faults']:.0f}",
+                     f"{after['cat_us']:.0f} / {after['cat_p90_us']:.0f}; {after['cat_faults']:.0f}",
                      f"{r['before']['small_op_us']:.2f} -> {after['small_op_us']:.2f}",
                      f"{r['before']['threads']} / {after['eager_busy']['threads']}", checks[-1][0]])
-    return [*markdown_table("OpenMP settings,eager before (ms/step),eager after (two rounds),the defaults after,"
-                            "eager after / before,CPU cat before: median / p90 (us),after,a torch call on 8 elements (us),"
-                            "threads before / after,result".split(","), rows),
+    return [*markdown_table("environment,eager before (ms/step),eager after (two rounds),the defaults after,"
+                            "eager after / before,CPU cat before: median / p90 (us); page faults a cat,after,"
+                            "a torch call on 8 elements (us),threads before / after,result".split(","), rows),
+            "", *switches,
             "", "Each process on empty caches of its own; the full output (busy threads, children) is in the log."]
 
 
@@ -256,11 +262,12 @@ STEPS = [  # cheap steps first: a budget spent by the long ones leaves them done
          "--steps", "4"] for i in range(0, len(NAMES), FAMILIES_PER_PROCESS)], families_step, parallel=True),
     Step("flux", "The benchmark Flux at 1024x1024", 240, lambda s: [
         [PY, "bench/compile_model.py", *FLUX, "--variants", "eager,core,accel,accel-compiled"]], flux_step),
-    Step("tax", "What the defaults cost the rest of their process", 150, lambda s: [
-        [PY, "bench/process_tax.py"], [PY, "bench/process_tax.py", "--omp-passive"]], tax_step),
     Step("cache", "A process that loaded from the cache against one that compiled", 180, lambda s: [
         [PY, "bench/compile_model.py", "--child", "accel", *FLUX, "--outputs", s]] * 2, cache_step,
          shared_cache=True),
+    Step("tax", "What the defaults cost the rest of their process", 200, lambda s: [
+        [PY, "bench/process_tax.py"], [PY, "bench/process_tax.py", "--omp-passive"],
+        [PY, "bench/process_tax.py", "--malloc-fixed"]], tax_step),
 ]
 
 

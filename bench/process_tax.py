@@ -1,11 +1,18 @@
 """What Compile Model's defaults cost the rest of their process: plain eager's steady step before the node is applied
-and after its background compile, in one process, with the process's threads, children and a sampler-sized CPU
-`cat`/`fill_` at both points. On one H200 (docs/benchmarks/gpu_h200.md) eager stepped at 20.5 ms before and 24.0 ms
-after, in a first version of this probe; `make bench-gpu` runs it (its `tax` step). Empty caches of its own, so the
-node's first sampling is cold and its graphs come from its own background child. `--omp-passive`: the same with
-OMP_WAIT_POLICY=PASSIVE (OpenMP's idle threads sleep at once instead of spinning), to tell spinning pools apart.
+and after its background compile, in one process. At both points it also reads the process's threads and
+children, a sampler-sized CPU `cat`/`fill_` (with the page faults a `cat` takes), the main thread's context
+switches during a sampling, and the CPU ops that took the most time in one (torch.profiler).
 
-    python bench/process_tax.py [--model accel-tiny-flux-bench.safetensors] [--latent 128] [--steps 8] [--omp-passive]
+On one H200 (docs/benchmarks/gpu_h200.md) eager stepped at 20.5 ms before and 24.0 ms after, in a first version of
+this probe; `make bench-gpu` runs it (its `tax` step). It uses empty caches of its own, so the node's first
+sampling is cold and its graphs come from its own background child.
+- `--omp-passive`: the same with OMP_WAIT_POLICY=PASSIVE (OpenMP's idle threads sleep at once instead of
+  spinning), to tell spinning pools apart.
+- `--malloc-fixed`: with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_, as tests/test_soak.py runs), to tell
+  the allocator's moving threshold apart.
+
+    python bench/process_tax.py [--model accel-tiny-flux-bench.safetensors] [--latent 128] [--steps 8]
+                                [--omp-passive | --malloc-fixed]
 """
 from __future__ import annotations
 
@@ -25,6 +32,8 @@ from tools.harness.sampling import conditioning, sample
 from tools.harness.variants import load_unet, variant_model, wait_for_background
 
 TICKS = os.sysconf("SC_CLK_TCK")
+# Each option: the environment it re-runs this script with (read once, when the process starts the library)
+REEXEC = {"omp_passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "malloc_fixed": {"MALLOC_MMAP_THRESHOLD_": "131072"}}
 
 
 def thread_cpu() -> dict[str, tuple[str, int]]:
@@ -59,13 +68,14 @@ def cpu_ops(latent: int) -> dict:
 
     states, latent_buffer, found = torch.zeros(1, 77, 4096), torch.empty(1, 16, latent, latent), {}
     for name, op in (("cat", lambda: torch.cat([states, states], 1)), ("fill", lambda: latent_buffer.fill_(1.0))):
-        times = []
+        times, faults = [], minor_faults()
         for _ in range(200):
             start = time.perf_counter()
             op()
             times.append((time.perf_counter() - start) * 1e6)
         times.sort()
         found[f"{name}_us"], found[f"{name}_p90_us"] = statistics.median(times), times[179]
+        found[f"{name}_faults"] = (minor_faults() - faults) / 200  # a new output's pages, each faulted in
     small = torch.ones(8)
     per_op = []
     for _ in range(50):  # what Python pays per torch call: what a launch-bound GPU step is made of
@@ -75,6 +85,32 @@ def cpu_ops(latent: int) -> dict:
         per_op.append((time.perf_counter() - start) / 200 * 1e6)
     found["small_op_us"] = statistics.median(per_op)
     return found
+
+
+def minor_faults() -> int:
+    with open("/proc/self/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[7])
+
+
+def main_thread_switches(run) -> dict:
+    """The main thread's voluntary (it waited) and involuntary (it was preempted) context switches over `run()`."""
+    def read() -> dict:
+        with open(f"/proc/self/task/{threading.main_thread().native_id}/status") as status:
+            return {k: int(v) for k, v in (line.split(":") for line in status if "ctxt_switches" in line)}
+
+    before = read()
+    run()
+    return {k: v - before[k] for k, v in read().items()}
+
+
+def top_cpu_ops(run, count: int = 8) -> list:
+    """(op, self CPU ms, calls) of the ops that took the most CPU time in `run()`, by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:count]
+    return [(e.key, round(e.self_cpu_time_total / 1e3, 2), e.count) for e in events]
 
 
 def children() -> list[str]:
@@ -92,9 +128,11 @@ def children() -> list[str]:
 def main() -> None:
     parser = cli.parser(__doc__, model=FLUX_BENCH.file_name, latent=128, steps=8)
     parser.add_argument("--omp-passive", action="store_true", help="run with OMP_WAIT_POLICY=PASSIVE")
+    parser.add_argument("--malloc-fixed", action="store_true", help="run with MALLOC_MMAP_THRESHOLD_=131072")
     args = parser.parse_args()
-    if args.omp_passive and os.environ.get("OMP_WAIT_POLICY") != "PASSIVE":  # read once, when OpenMP starts
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    for option, env in REEXEC.items():
+        if getattr(args, option) and any(os.environ.get(k) != v for k, v in env.items()):
+            os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
     os.environ.update(cache_env(Path(tempfile.mkdtemp(prefix="accel-bench-tax-")), {}))
     import torch
 
@@ -107,9 +145,14 @@ def main() -> None:
     def steady_ms(model, samplings: int = 4) -> float:
         return statistics.median(sum((run(model).step_s[1:] for _ in range(samplings)), [])) * 1e3
 
+    def probes(model) -> dict:
+        return {"switches": main_thread_switches(lambda: run(model)), "top_cpu_ops": top_cpu_ops(lambda: run(model))}
+
     run(base), run(base)
     result = {"omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "KMP_"))},
-              "before": {"eager_ms": steady_ms(base), **cpu_ops(args.latent), **busy_threads(lambda: run(base))}}
+              "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+              "before": {"eager_ms": steady_ms(base), **cpu_ops(args.latent), **busy_threads(lambda: run(base)),
+                         **probes(base)}}
     model, engine = variant_model("accel", base)
     run(model)
     result["background"] = wait_for_background(engine)
@@ -118,6 +161,7 @@ def main() -> None:
     for round_ in range(2):  # interleaved: a drift of the machine falls on both
         after[f"eager_ms_{round_}"], after[f"defaults_ms_{round_}"] = steady_ms(base), steady_ms(model)
     after.update(cpu_ops(args.latent))
+    after.update(probes(base))
     after["eager_busy"], after["defaults_busy"] = busy_threads(lambda: run(base)), busy_threads(lambda: run(model))
     after["python_threads"] = [t.name for t in threading.enumerate()]
     result["after"] = after

@@ -15,7 +15,7 @@ SCRIPT = ROOT / "bench" / "gpu.py"
 DOC = ROOT / "docs" / "benchmarks" / "gpu.md"
 NO_GPU_LINE = ("no CUDA GPU on this machine: nothing to run (bench/gpu.py checks only what a GPU can show; run it on "
                "a GPU machine)")
-STEPS = ("models", "doctor", "dynamic-vram", "lowvram", "families", "flux", "tax", "cache")
+STEPS = ("models", "doctor", "dynamic-vram", "lowvram", "families", "flux", "cache", "tax")
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
