@@ -4,8 +4,9 @@ children, a sampler-sized CPU `cat`/`fill_` (with the page faults a `cat` takes)
 switches during a sampling, and the CPU ops that took the most time in one (torch.profiler).
 
 On one H200 (docs/benchmarks/gpu_h200.md) eager stepped at 20.5 ms before and 24.0 ms after, in a first version of
-this probe; `make bench-gpu` runs it (its `tax` step). It uses empty caches of its own, so the node's first
-sampling is cold and its graphs come from its own background child.
+this probe; `make bench-gpu` runs it (its `tax` step). It uses the caches TORCHINDUCTOR_CACHE_DIR and
+ACCEL_CACHE_DIR name, else empty ones of its own: then the node's first sampling is cold and its graphs come from
+its own background child. (On the H200 a process that loaded its graphs paid the same as one that compiled them.)
 - `--omp-passive`: the same with OMP_WAIT_POLICY=PASSIVE (OpenMP's idle threads sleep at once instead of
   spinning), to tell spinning pools apart.
 - `--malloc-fixed`: with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_, as tests/test_soak.py runs), to tell
@@ -133,7 +134,8 @@ def main() -> None:
     for option, env in REEXEC.items():
         if getattr(args, option) and any(os.environ.get(k) != v for k, v in env.items()):
             os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
-    os.environ.update(cache_env(Path(tempfile.mkdtemp(prefix="accel-bench-tax-")), {}))
+    if not {"TORCHINDUCTOR_CACHE_DIR", "ACCEL_CACHE_DIR"} <= set(os.environ):
+        os.environ.update(cache_env(Path(tempfile.mkdtemp(prefix="accel-bench-tax-")), {}))
     import torch
 
     base = load_unet(args.model, cpu=not torch.cuda.is_available())
