@@ -190,8 +190,10 @@ def tax_step(runs: list[dict]) -> list[str]:
         check(tax <= TAX_BOUND, f"plain eager after the defaults' background compile steps {tax:.3f}x as long as "
               f"before it, in one process{' (OMP_WAIT_POLICY=PASSIVE)' * passive}"
               f"{' (MALLOC_MMAP_THRESHOLD_ fixed)' * bool(r['malloc_env'])} (bound {TAX_BOUND})")
-        switches.append(f"- process {len(rows) + 1}: the main thread's context switches in one eager sampling, "
-                        f"before {r['before']['switches']}, after {after['switches']}; the CPU ops with the most self "
+        switches.append(f"- process {len(rows) + 1}: one eager sampling's page faults before "
+                        f"{r['before']['sampling_faults']}, after {after['sampling_faults']}; the main thread's "
+                        f"context switches in one, before {r['before']['switches']}, after {after['switches']}; the "
+                        f"CPU ops with the most self "
                         f"time (op, ms, calls) before {r['before']['top_cpu_ops'][:4]}, after "
                         f"{after['top_cpu_ops'][:4]}")
         rows.append([", ".join(f"{k}={v}" for k, v in {**r["omp_env"], **r["malloc_env"]}.items()) or "as it is",

@@ -1,7 +1,8 @@
 """What Compile Model's defaults cost the rest of their process: plain eager's steady step before the node is applied
 and after its background compile, in one process. At both points it also reads the process's threads and
-children, a sampler-sized CPU `cat`/`fill_` (with the page faults a `cat` takes), the main thread's context
-switches during a sampling, and the CPU ops that took the most time in one (torch.profiler).
+children, a sampler-sized CPU `cat`/`fill_` (with the page faults a `cat` takes), the page faults of one eager
+sampling, the main thread's context switches during one, and the CPU ops that took the most time in one
+(torch.profiler).
 
 On one H200 (docs/benchmarks/gpu_h200.md) eager stepped at 20.5 ms before and 24.0 ms after, in a first version of
 this probe; `make bench-gpu` runs it (its `tax` step). It uses the caches TORCHINDUCTOR_CACHE_DIR and
@@ -148,7 +149,10 @@ def main() -> None:
         return statistics.median(sum((run(model).step_s[1:] for _ in range(samplings)), [])) * 1e3
 
     def probes(model) -> dict:
-        return {"switches": main_thread_switches(lambda: run(model)), "top_cpu_ops": top_cpu_ops(lambda: run(model))}
+        faults = minor_faults()
+        run(model)  # Python's own allocator maps and unmaps memory too: a sampling's faults, whatever made them
+        return {"sampling_faults": minor_faults() - faults, "switches": main_thread_switches(lambda: run(model)),
+                "top_cpu_ops": top_cpu_ops(lambda: run(model))}
 
     run(base), run(base)
     result = {"omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "KMP_"))},
