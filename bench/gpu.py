@@ -193,9 +193,7 @@ def tax_step(runs: list[dict]) -> list[str]:
         switches.append(f"- process {len(rows) + 1}: one eager sampling's page faults before "
                         f"{r['before']['sampling_faults']}, after {after['sampling_faults']}; the main thread's "
                         f"context switches in one, before {r['before']['switches']}, after {after['switches']}; the "
-                        f"CPU ops with the most self "
-                        f"time (op, ms, calls) before {r['before']['top_cpu_ops'][:4]}, after "
-                        f"{after['top_cpu_ops'][:4]}")
+                        f"CPU ops with the most self time in one after (op, ms, calls): {after['top_cpu_ops'][:5]}")
         rows.append([", ".join(f"{k}={v}" for k, v in {**r["omp_env"], **r["malloc_env"]}.items()) or "as it is",
                      f(r["before"]["eager_ms"], ".1f"), f"{after['eager_ms_0']:.1f}, {after['eager_ms_1']:.1f}",
                      f"{after['defaults_ms_0']:.1f}, {after['defaults_ms_1']:.1f}", f"{tax:.3f}",

@@ -1,8 +1,8 @@
 """What Compile Model's defaults cost the rest of their process: plain eager's steady step before the node is applied
 and after its background compile, in one process. At both points it also reads the process's threads and
 children, a sampler-sized CPU `cat`/`fill_` (with the page faults a `cat` takes), the page faults of one eager
-sampling, the main thread's context switches during one, and the CPU ops that took the most time in one
-(torch.profiler).
+sampling and the main thread's context switches during one; after every timing, the CPU ops that took the
+most time in one eager sampling (torch.profiler).
 
 On one H200 (docs/benchmarks/gpu_h200.md) eager stepped at 20.5 ms before and 24.0 ms after, in a first version of
 this probe; `make bench-gpu` runs it (its `tax` step). It uses the caches TORCHINDUCTOR_CACHE_DIR and
@@ -151,8 +151,7 @@ def main() -> None:
     def probes(model) -> dict:
         faults = minor_faults()
         run(model)  # Python's own allocator maps and unmaps memory too: a sampling's faults, whatever made them
-        return {"sampling_faults": minor_faults() - faults, "switches": main_thread_switches(lambda: run(model)),
-                "top_cpu_ops": top_cpu_ops(lambda: run(model))}
+        return {"sampling_faults": minor_faults() - faults, "switches": main_thread_switches(lambda: run(model))}
 
     run(base), run(base)
     result = {"omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "KMP_"))},
@@ -170,6 +169,8 @@ def main() -> None:
     after.update(probes(base))
     after["eager_busy"], after["defaults_busy"] = busy_threads(lambda: run(base)), busy_threads(lambda: run(model))
     after["python_threads"] = [t.name for t in threading.enumerate()]
+    # Last, after every timing: whatever the profiler leaves behind in this process cannot weigh on them
+    after["top_cpu_ops"] = top_cpu_ops(lambda: run(base))
     result["after"] = after
     result["eager_after_vs_before"] = statistics.mean([after["eager_ms_0"], after["eager_ms_1"]]) / \
         result["before"]["eager_ms"]
