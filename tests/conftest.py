@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,27 +36,34 @@ from tools.comfy_server import ComfyServer  # noqa: E402
 
 @pytest.fixture(scope="session", autouse=True)
 def compiler_cache(tmp_path_factory):
-    """A compiler cache for the test run, as ccache is in CI (tools/cxx_cache.py): a `g++` first on PATH for this
-    process and every process the tests start. Each test whose compile cache starts empty builds the same C++
-    again (inductor's checks of the CPU in each new process, the kernels of the shared models); a build done once
-    is copied, byte for byte what g++ wrote. torch's own caches, which the tests count, are not touched.
-    ACCEL_TEST_CXX_CACHE=0 turns it off (so does a machine without g++)."""
+    """A compiler cache, as ccache is in CI (tools/cxx_cache.py): a `g++` first on PATH for this process and every
+    process the tests start. Each test whose compile cache starts empty builds the same C++ again (inductor's
+    checks of the CPU in each new process, the kernels of the shared models), and so does every run of the suite;
+    a build done once is copied, byte for byte what g++ wrote. torch's own caches, which the tests count, are not
+    touched. The builds are kept between runs in the test environment (`persistent_cxx_folder`): a second
+    `make test` on a machine compiles no kernel the first one compiled. ACCEL_TEST_CXX_CACHE=run keeps them for
+    this run only (what a fresh machine sees), =0 turns the cache off (so does a machine without g++). Either way
+    the run's folder gets `cxx-calls.log`: a line per cached call, hit or miss with its seconds and test."""
     real = shutil.which("g++")
-    if os.environ.get("ACCEL_TEST_CXX_CACHE") == "0" or real is None:
+    choice = os.environ.get("ACCEL_TEST_CXX_CACHE")
+    if choice == "0" or real is None:
         yield None
         return
     base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cxx-cache"
-    launcher = folder / "bin" / "g++"
+    run_dir = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = None if choice == "run" else persistent_cxx_folder(real)
+    folder = folder or run_dir / "cxx-cache"
+    launcher = run_dir / "cxx-bin" / "g++"
     launcher.parent.mkdir(parents=True, exist_ok=True)
     text = f'#!/bin/sh\nexec "{sys.executable}" -S "{ROOT / "tools" / "cxx_cache.py"}" "$@"\n'
     tmp = launcher.with_name(f"g++.{os.getpid()}")  # both test processes write it: whole, through a rename
     tmp.write_text(text)
     tmp.chmod(0o755)
     tmp.replace(launcher)
-    names = ("ACCEL_TEST_CXX_CACHE", "ACCEL_TEST_REAL_CXX", "PATH")
+    names = ("ACCEL_TEST_CXX_CACHE", "ACCEL_TEST_CXX_LOG", "ACCEL_TEST_REAL_CXX", "PATH")
     before = {name: os.environ.get(name) for name in names}
-    os.environ.update(ACCEL_TEST_CXX_CACHE=str(folder), ACCEL_TEST_REAL_CXX=str(Path(real).resolve()),
+    os.environ.update(ACCEL_TEST_CXX_CACHE=str(folder), ACCEL_TEST_CXX_LOG=str(run_dir / "cxx-calls.log"),
+                      ACCEL_TEST_REAL_CXX=str(Path(real).resolve()),
                       PATH=f"{launcher.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     yield folder
     for name, value in before.items():
@@ -63,6 +71,36 @@ def compiler_cache(tmp_path_factory):
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+# A kept build not used for this long is deleted when a run starts (a hit refreshes its time).
+CXX_KEEP_DAYS = 14
+
+
+def persistent_cxx_folder(real: str) -> Path | None:
+    """The builds kept between runs, in the test environment (`make clean` removes them with it); None where it
+    cannot be written. One folder per compiler and torch build: a kernel's source names torch's headers without
+    holding them, so the same source may build differently under another torch or compiler."""
+    import hashlib
+
+    import torch
+
+    compiler = Path(real).resolve()
+    info = compiler.stat()
+    identity = f"{compiler}|{info.st_size}|{info.st_mtime_ns}|{torch.__version__}|{Path(torch.__file__).parent}"
+    folder = Path(sys.prefix) / "accel-test-cxx-cache" / hashlib.sha256(identity.encode()).hexdigest()[:16]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    stale = time.time() - CXX_KEEP_DAYS * 86400
+    for path in folder.iterdir():
+        try:
+            if path.stat().st_mtime < stale:
+                path.unlink()
+        except OSError:
+            pass  # the other test process pruned it first
+    return folder
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,8 +9,10 @@ caches: inductor names them after their content); a hit copies the output kept f
 what g++ wrote; a miss runs g++ and keeps its output. Every other call (--version, a link of objects) is g++ itself.
 torch and its caches see a compiler that answered; what they count (cold graphs, cache hits) is unchanged.
 
-$ACCEL_TEST_CXX_CACHE is the cache folder, $ACCEL_TEST_REAL_CXX the compiler. Each cached call appends a line to
-calls.log there: "hit", or "miss <seconds>".
+$ACCEL_TEST_CXX_CACHE is the cache folder (kept between test runs: tests/conftest.py), $ACCEL_TEST_REAL_CXX the
+compiler. Each cached call appends a line to $ACCEL_TEST_CXX_LOG (the run's): "hit", or "miss <seconds>", then the
+test that started it (pytest's PYTEST_CURRENT_TEST, which the processes a test starts inherit), so that a run's
+compile time can be read per test. A hit refreshes the kept file's time, by which old builds are pruned.
 """
 import hashlib
 import os
@@ -54,6 +56,7 @@ def main() -> int:
     kept = os.path.join(cache, key + os.path.splitext(output)[1])
     if os.path.isfile(kept):
         copy(kept, output)
+        os.utime(kept)
         outcome = "hit"
         code = 0
     else:
@@ -65,8 +68,9 @@ def main() -> int:
         outcome = f"miss {time.perf_counter() - start:.2f}"
         if code == 0 and os.path.isfile(output):
             copy(output, kept)
-    with open(os.path.join(cache, "calls.log"), "a") as log:
-        log.write(outcome + "\n")
+    test = os.environ.get("PYTEST_CURRENT_TEST", "-").split(" ")[0]
+    with open(os.environ.get("ACCEL_TEST_CXX_LOG") or os.path.join(cache, "calls.log"), "a") as log:
+        log.write(f"{outcome} {test}\n")
     return code
 
 
