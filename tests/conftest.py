@@ -54,7 +54,8 @@ def compiler_cache(tmp_path_factory):
     folder = None if choice == "run" else persistent_cxx_folder(real)
     folder = folder or run_dir / "cxx-cache"
     launcher = run_dir / "cxx-bin" / "g++"
-    launcher.parent.mkdir(parents=True, exist_ok=True)
+    for made in (folder, launcher.parent):
+        made.mkdir(parents=True, exist_ok=True)
     text = f'#!/bin/sh\nexec "{sys.executable}" -S "{ROOT / "tools" / "cxx_cache.py"}" "$@"\n'
     tmp = launcher.with_name(f"g++.{os.getpid()}")  # both test processes write it: whole, through a rename
     tmp.write_text(text)
