@@ -47,6 +47,17 @@ def copy(src: str, dst: str) -> None:
     os.replace(tmp, dst)
 
 
+def reuse(kept: str, output: str) -> bool:
+    """Copy the kept build to `output` and refresh its time; False when there is none (or a run starting in the
+    other test process just pruned it: then the compiler builds it again)."""
+    try:
+        copy(kept, output)
+        os.utime(kept)
+    except OSError:
+        return False
+    return True
+
+
 def main() -> int:
     real, cache, args = os.environ["ACCEL_TEST_REAL_CXX"], os.environ["ACCEL_TEST_CXX_CACHE"], sys.argv[1:]
     found = cached_call(real, args)
@@ -54,9 +65,7 @@ def main() -> int:
         os.execv(real, [real, *args])
     key, output = found
     kept = os.path.join(cache, key + os.path.splitext(output)[1])
-    if os.path.isfile(kept):
-        copy(kept, output)
-        os.utime(kept)
+    if reuse(kept, output):
         outcome = "hit"
         code = 0
     else:
