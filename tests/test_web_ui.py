@@ -62,8 +62,9 @@ def _from_the_pack(entry: tuple[str, str]) -> bool:
 # The image size of the workflows opened here: the in-process tests' (compile_helpers.sample: a 16x16 latent, cond
 # and uncond batched), so that some of the C++ kernels this server's children build for the small SD1.5 UNet and
 # TAESD are ones test_compile_model.py built, which the compiler cache then holds even on a fresh machine. Measured
-# 2026-11-26, the two files alone on an empty compiler cache: 68 kernel builds here instead of 84 at the workflow's
-# own 256x256, and 335 s instead of 355 s for both files. Nothing these tests check depends on the size.
+# 2026-11-26 on the 2-core test CPU, the two files alone on an empty compiler cache, one run each: 68 kernel builds
+# here instead of 84 at the workflow's own 256x256, and 335 s instead of 355 s for both files. Nothing these tests
+# check depends on the size.
 SIZE = 128
 
 
