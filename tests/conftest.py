@@ -80,15 +80,19 @@ CXX_KEEP_DAYS = 14
 
 def persistent_cxx_folder(real: str) -> Path | None:
     """The builds kept between runs, in the test environment (`make clean` removes them with it); None where it
-    cannot be written. One folder per compiler and torch build: a kernel's source names torch's headers without
-    holding them, so the same source may build differently under another torch or compiler."""
+    cannot be written. One folder per compiler, torch build and CPU: a kernel's source names torch's headers
+    without holding them, so the same source may build differently under another torch or compiler, and inductor
+    builds with -march=native, for this CPU's instructions only (an environment copied to another machine, as a CI
+    cache may be, must not load them there)."""
     import hashlib
+    import platform
 
     import torch
 
     compiler = Path(real).resolve()
     info = compiler.stat()
-    identity = f"{compiler}|{info.st_size}|{info.st_mtime_ns}|{torch.__version__}|{Path(torch.__file__).parent}"
+    identity = (f"{compiler}|{info.st_size}|{info.st_mtime_ns}|{torch.__version__}|{Path(torch.__file__).parent}|"
+                f"{platform.machine()}|{_cpu_description()}")
     folder = Path(sys.prefix) / "accel-test-cxx-cache" / hashlib.sha256(identity.encode()).hexdigest()[:16]
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -102,6 +106,16 @@ def persistent_cxx_folder(real: str) -> Path | None:
         except OSError:
             pass  # the other test process pruned it first
     return folder
+
+
+def _cpu_description() -> str:
+    """The CPU's model and instruction flags as Linux lists them (the first core's), or "" elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    wanted = ("model name", "flags")
+    return "|".join(next((line for line in text.splitlines() if line.startswith(name)), "") for name in wanted)
 
 
 @pytest.fixture(scope="session", autouse=True)
