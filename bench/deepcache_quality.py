@@ -22,6 +22,7 @@ from tools.harness.sampling import BlockWork, run_settings
 
 MODELS = {"unet": digits.UNet, "flux": digits.Flux, "wan": digits.Wan}
 FORECAST = "DeepCache adaptive, first only, forecast"
+FITTED = "DeepCache adaptive, first only, fitted forecast"
 
 
 def arguments():
@@ -47,6 +48,8 @@ def arguments():
     parser.add_argument("--adaptive-interval", type=int, default=3, help="adaptive: cache_interval (reuse cap)")
     parser.add_argument("--forecast", type=float, nargs="*", default=[0.1, 0.2, 0.3],
                         help="flux, wan: adaptive thresholds with live_blocks 'first only' and forecast 'linear'")
+    parser.add_argument("--fitted", type=float, nargs="*", default=[0.3, 0.5],
+                        help="flux, wan: adaptive thresholds with live_blocks 'first only' and forecast 'fitted'")
     parser.add_argument("--forecast-interval", type=int, default=6, help="those settings' cache_interval")
     parser.add_argument("--easycache", type=float, nargs="+", default=[0.1, 0.2, 0.4],
                         help="EasyCache and LazyCache thresholds")
@@ -132,6 +135,10 @@ def settings(pack, patcher, args):
         out.append((f"DeepCache adaptive {threshold:g}, first only, forecast", FORECAST, threshold,
                     deepcache.apply(patcher, args.forecast_interval, args.depth, 0.0, 1.0, "adaptive", threshold,
                                     forecast="linear", live_blocks="first only")[0]))
+    for threshold in args.fitted:  # the same, forecast as far as the signal moved
+        out.append((f"DeepCache adaptive {threshold:g}, first only, fitted forecast", FITTED, threshold,
+                    deepcache.apply(patcher, args.forecast_interval, args.depth, 0.0, 1.0, "adaptive", threshold,
+                                    forecast="fitted", live_blocks="first only")[0]))
     for node, name in ((EasyCacheNode, "EasyCache"), (LazyCacheNode, "LazyCache")):
         for threshold in args.easycache:  # start and end percent at the nodes' defaults
             model = node.execute(patcher, threshold, 0.15, 0.95, False).result[0]
@@ -263,9 +270,10 @@ def evaluate_wan(args, pack, run, patcher, weights: dict):
                                "temporal PSNR (dB)"], table), sep="\n")
     print(f"\n{clips} clips x {args.frames} frames per setting; wall time: median of {args.rounds} interleaved "
           f"rounds, full compute {seconds[full]:.1f} s per generation")
-    if args.strip:  # full compute, DeepCache (adaptive 0.2, its fast variant, interval 3) and EasyCache 0.2
+    if args.strip:  # full compute, DeepCache (adaptive 0.2, its fast variants, interval 3) and EasyCache 0.2
         shown = [n for n in ("full compute", "DeepCache adaptive 0.2", "DeepCache adaptive 0.2, first only, forecast",
-                             "DeepCache interval 3", "EasyCache 0.2") if n in videos]
+                             "DeepCache adaptive 0.5, first only, fitted forecast", "DeepCache interval 3",
+                             "EasyCache 0.2") if n in videos]
         save_strip(args.strip, {n: videos[n][0] for n in shown})
         print(f"frames of the first clip (digit 0): {args.strip} ({', '.join(shown)}, top to bottom)")
     return ({"model": {"class": "comfy.ldm.wan.model.WanModel", "comfy_model": type(patcher.model).__name__,
@@ -302,12 +310,14 @@ def save_strip(path: Path, videos: dict, scale: int = 4) -> None:
     from PIL import Image, ImageDraw
 
     frames, height, width = next(iter(videos.values())).shape
-    label, gap = 160, 2
+    label, gap, line = 160, 2, 12
     strip = Image.new("L", (label + frames * (width * scale + gap), len(videos) * (height * scale + gap)), 255)
     draw = ImageDraw.Draw(strip)
     for row, (name, video) in enumerate(videos.items()):
         top = row * (height * scale + gap)
-        draw.text((4, top + height * scale // 2 - 6), name, fill=0)
+        lines = name.split(", ")  # a setting's parts one under the other: the label column is narrow
+        draw.multiline_text((4, top + (height * scale - line * len(lines)) // 2), ",\n".join(lines), fill=0,
+                            spacing=2)
         for t in range(frames):
             frame = Image.fromarray((video[t] * 255).round().byte().numpy()).resize((width * scale, height * scale),
                                                                                    Image.NEAREST)
@@ -317,7 +327,8 @@ def save_strip(path: Path, videos: dict, scale: int = 4) -> None:
 
 def plot(path: Path, rows: list[dict], title: str) -> None:
     fig, ax = pyplot().subplots(figsize=(7, 4.5))
-    markers = {"DeepCache uniform": "o", "DeepCache adaptive": "s", FORECAST: "D", "EasyCache": "^", "LazyCache": "v"}
+    markers = {"DeepCache uniform": "o", "DeepCache adaptive": "s", FORECAST: "D", FITTED: "P", "EasyCache": "^",
+               "LazyCache": "v"}
     for method, marker in markers.items():
         points = [(r["speedup"], r["psnr_vs_full"], r["knob"]) for r in rows
                   if r["method"] == method and r["psnr_vs_full"] is not None]  # None: equal to full compute

@@ -50,13 +50,15 @@ class DeepCache:
                 "tooltip": "What a reused step adds for the skipped work. off: the last full step's feature as it "
                            "is. linear: the line through the last two full steps' features, taken at this step "
                            "(closer to full compute at the same speed, most of all with few full steps; keeps one "
-                           "more feature in memory)."}),
+                           "more feature in memory). fitted (adaptive schedule): the same line, taken only as far "
+                           "as the deep part's input moved along its own last change (closer still on "
+                           "transformers; on UNets about what linear gives)."}),
             "live_blocks": (list(deepcache.LIVE_BLOCKS), {
                 "default": "first and last",
                 "tooltip": "Transformers: which blocks run on a reused step. first and last: the first and last "
                            "(plus cache_depth more at each end). first only: the first (plus cache_depth more); "
                            "everything after it is reused, so a reused step costs about one block: faster, "
-                           "further from full compute (pair it with forecast linear). UNets: no effect."}),
+                           "further from full compute (pair it with forecast fitted or linear). UNets: no effect."}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     def apply(self, model, cache_interval, cache_depth, start_percent, end_percent, schedule,

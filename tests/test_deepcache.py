@@ -473,3 +473,20 @@ def test_forecast_on_the_unet_extrapolates_later_reused_steps_and_leaks_nothing(
     sample(split_cond_uncond(forecast), size=(8, 16), batch=2, steps=6, seed=1)
     assert torch.equal(sample(forecast, **run_a_kwargs()), first), "run A changed after run B"
     assert torch.equal(sample(apply(live_blocks="first only"), **run_a_kwargs()), plain)
+
+
+def test_fitted_forecast_on_the_unet_extrapolates_and_leaks_nothing(pack, unet):
+    """forecast "fitted" on the UNet (adaptive; the signal is the input latent): the reused steps extrapolate, so
+    the output differs from plain reuse; run A, then B at another size with cond and uncond split, then A again:
+    bit for bit the same."""
+    def apply(forecast):
+        return pack.nodes.deepcache.DeepCache().apply(unet, 6, 0, 0.0, 1.0, "adaptive", 0.5, forecast=forecast)[0]
+
+    fitted = apply("fitted")
+    first = sample(fitted, size=RUN_A["size"], steps=12, seed=0)
+    report = last_run_report(pack)
+    assert report["forecast"] == "fitted" and report["reused_steps"] > 2, report
+    assert torch.isfinite(first).all()
+    assert not torch.equal(first, sample(apply("off"), size=RUN_A["size"], steps=12, seed=0)), "nothing extrapolated"
+    sample(split_cond_uncond(fitted), size=(8, 16), batch=2, steps=12, seed=1)
+    assert torch.equal(sample(fitted, size=RUN_A["size"], steps=12, seed=0), first), "run A changed after run B"

@@ -294,7 +294,50 @@ def test_first_only_skips_the_last_blocks_too_and_forecast_extrapolates_without_
     assert error < 1.0, f"{name}: forecast over the first block's span gave another picture entirely ({error:.3f})"
 
 
+@pytest.mark.parametrize("name", ("flux", "wan21"))
+def test_fitted_forecast_follows_the_signal_and_leaks_nothing(accel_pack, models, name):
+    """forecast "fitted" (adaptive): the reused steps get their residuals along the line of the last two full
+    steps, as far as the signal measured at that step moved along its own last change; the output differs from
+    plain reuse and from "linear"; run A, then B at another size with cond and uncond split, then A again: bit
+    for bit the same."""
+    model = models[name]
+    fitted = with_options(accel_pack, model, 6, "adaptive", threshold=0.5, forecast="fitted",
+                          live_blocks="first only")
+    first = run_adaptive(fitted, name, seed=3)
+    report = last_report(accel_pack)
+    assert report["forecast"] == "fitted" and report["reused_steps"] > 4, report
+    for other in ("off", "linear"):
+        assert not torch.equal(first, run_adaptive(with_options(accel_pack, model, 6, "adaptive", threshold=0.5,
+                                                                forecast=other, live_blocks="first only"),
+                                                   name, seed=3)), f"fitted gave forecast {other}'s output"
+    assert torch.isfinite(first).all()
+    run_adaptive(split_cond_uncond(fitted), name, seed=4, latent_shape=bigger(name))
+    assert torch.equal(run_adaptive(fitted, name, seed=3), first), "run A changed after run B"
+
+
+def test_fitted_factor_is_the_signals_progress_along_its_last_change(accel_pack):
+    """The factor of forecast "fitted" (accel/deepcache/adaptive.py): the share of its last change the signal
+    covered since, within 0 and the line's own factor; 0 without a change, a signal, or a matching shape."""
+    progress_along = accel_pack.accel.deepcache.adaptive.progress_along
+    previous = torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(0))
+    reference = previous + torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(1))
+    change = reference - previous
+    assert progress_along(reference + 0.25 * change, reference, previous, limit=1.0) == pytest.approx(0.25)
+    # what moved across the change's direction does not count
+    across = torch.randn(2, 8, 4)
+    across -= (across * change).sum() / (change * change).sum() * change
+    assert progress_along(reference + 0.25 * change + across, reference, previous, limit=1.0) == pytest.approx(0.25)
+    assert progress_along(reference - 0.25 * change, reference, previous, limit=1.0) == 0.0  # moved back: held
+    assert progress_along(reference + 2.0 * change, reference, previous, limit=0.5) == 0.5  # never past the line
+    assert progress_along(reference + change, reference, reference.clone(), limit=1.0) == 0.0  # no change
+    assert progress_along(None, reference, previous, limit=1.0) == 0.0
+    assert progress_along(reference[:1], reference, previous, limit=1.0) == 0.0
+
+
 def test_bad_forecast_or_live_blocks_are_refused_when_the_node_runs(accel_pack, models):
     for bad in ({"forecast": "quadratic"}, {"live_blocks": "last only"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             with_options(accel_pack, models["wan21"], **bad)
+    # "fitted" follows the adaptive signal, which a uniform schedule does not measure: the error names the fix
+    with pytest.raises(ValueError, match="set schedule to adaptive, or forecast to linear"):
+        with_options(accel_pack, models["wan21"], forecast="fitted")

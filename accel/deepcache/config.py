@@ -7,9 +7,11 @@ from .adaptive import DEFAULT_THRESHOLD, AdaptivePolicy
 from .schedule import ADAPTIVE, ADAPTIVE_MIN_STEPS, SCHEDULES
 
 # What a reused step adds for the skipped work: the feature of the last full step as it is ("off", DeepCache's
-# own rule), or extrapolated from the last two full steps, linearly in sigma ("linear": a first-order forecast,
-# as TaylorSeer does; it keeps one more feature per cond chunk).
-FORECASTS = ("off", "linear")
+# own rule), or extrapolated from the last two full steps ("linear": along the line in sigma, a first-order
+# forecast as TaylorSeer does; "fitted", adaptive only: along the same line, as far as the adaptive signal
+# measured at this step moved along its own last change, adaptive.progress_along). Both keep one more feature
+# per cond chunk.
+FORECASTS = ("off", "linear", "fitted")
 # Transformers: which end blocks run on a reused step. "first and last": DeepCache's split (the last block
 # refines the reused residual); "first only": everything after the first block(s) is reused, as First Block Cache
 # does, so a reused step costs one block. UNets keep their own split (cache_depth's skip branch).
@@ -37,6 +39,9 @@ class DeepCacheConfig:
             raise ValueError(f"schedule must be one of {SCHEDULES}")
         if self.forecast not in FORECASTS:
             raise ValueError(f"forecast must be one of {FORECASTS}, not {self.forecast!r}")
+        if self.forecast == "fitted" and self.schedule != ADAPTIVE:
+            raise ValueError(f'forecast "fitted" follows the adaptive schedule\'s signal, which the {self.schedule} '
+                             'schedule does not measure: set schedule to adaptive, or forecast to linear')
         if self.live_blocks not in LIVE_BLOCKS:
             raise ValueError(f"live_blocks must be one of {LIVE_BLOCKS}, not {self.live_blocks!r}")
         self.policy()  # a bad threshold fails here, when the node runs, not in the middle of sampling
@@ -47,7 +52,9 @@ class DeepCacheConfig:
 
 
 def schedule_text(config: DeepCacheConfig) -> str:
-    forecast = ", features forecast linearly from the last two full steps" if config.forecast == "linear" else ""
+    forecast = {"linear": ", features forecast linearly from the last two full steps",
+                "fitted": ", features forecast from the last two full steps as far as the signal moved"}.get(
+        config.forecast, "")
     if config.schedule == ADAPTIVE:
         return (f"adaptive schedule (threshold {config.threshold:g}, at most {config.interval - 1} reused steps in "
                 f"a row, runs under {ADAPTIVE_MIN_STEPS} steps left alone){forecast}")

@@ -25,6 +25,7 @@ list's before its last `live` blocks, lists between them whole.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -109,6 +110,8 @@ class SpanCall:
     ran_spans: set = field(default_factory=set)  # span indices whose blocks ran (a fallback on a reused call)
     adaptive: AdaptiveCall | None = None  # adaptive mode: decided per chunk at the first span's first block
     signal: torch.Tensor | None = None  # a captured call's first span input (image tokens): adaptive's reference
+    # adaptive: makes `residuals` from the signal once it is measured (until then they name only the spans)
+    pending: Callable | None = None
 
     def reuses(self, span_index: int) -> bool:
         """Whether the span is served from its cached residual in this call (asked at its first block)."""
@@ -155,7 +158,11 @@ class SpanBlockPatch:
             return original(args)
         first, last = self.block == span.first, self.block == span.last
         if first and call.adaptive is not None:
-            call.adaptive.decide(args.get("img"))  # at the first span's first block; later spans follow it
+            reuse = call.adaptive.decide(args.get("img"))  # at the first span's first block; later spans follow it
+            if call.pending is not None:
+                pending, call.pending = call.pending, None
+                if any(reuse):
+                    call.residuals = pending(args.get("img"))
         if span.index in call.reusing or (first and call.reuses(span.index)):
             # A stream whose residual is None ends inside the span (SD3's last joint block outputs no text): the
             # span's output has None there, as the blocks give it.

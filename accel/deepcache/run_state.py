@@ -17,7 +17,7 @@ import torch
 
 from .. import telemetry
 from . import unet_paths
-from .adaptive import AdaptiveCall
+from .adaptive import AdaptiveCall, progress_along
 from .config import DeepCacheConfig
 from .schedule import StepPlan, make_plan
 
@@ -96,9 +96,11 @@ class RunState:
         return AdaptiveCall(policy=self.config.policy(), references=[e.reference for e in entries],
                             reused_in_row=[len(e.reused - {step}) for e in entries])
 
-    def reused_feature(self, entry: _Entry, step: int):
-        """What a reused `step` adds for `entry`'s chunk: its feature as it is, or with forecast "linear" the line
-        through the last two full steps' features, in sigma, taken at this step's sigma."""
+    def reused_feature(self, entry: _Entry, step: int, signal=None):
+        """What a reused `step` adds for `entry`'s chunk: its feature as it is; with forecast "linear" the line
+        through the last two full steps' features, in sigma, taken at this step's sigma; with "fitted" the same
+        line taken as far as `signal` (this chunk's adaptive signal at this step) moved along its own last change
+        (adaptive.progress_along; no signal: the feature as it is)."""
         previous = entry.previous
         if previous is None:
             return entry.h
@@ -106,7 +108,12 @@ class RunState:
         span = sigmas[entry.step] - sigmas[previous.step]
         if span == 0:
             return entry.h
-        return extrapolate(entry.h, previous.h, (sigmas[step] - sigmas[entry.step]) / span)
+        factor = (sigmas[step] - sigmas[entry.step]) / span
+        if self.config.forecast == "fitted":
+            factor = progress_along(signal, entry.reference, previous.reference, limit=factor)
+            if factor == 0:
+                return entry.h
+        return extrapolate(entry.h, previous.h, factor)
 
     def _entry(self, key, step: int, signature: tuple, h, reference) -> _Entry:
         """A chunk's new entry; with a forecast it keeps the one it replaces (without that one's own previous)."""

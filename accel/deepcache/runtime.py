@@ -19,11 +19,13 @@ before it runs, from its input latent; a transformer call in its block loop, fro
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import dit_paths, unet_paths
 from .config import DeepCacheConfig, schedule_text
-from .run_state import FEATURE, RUN_KEY, report_run, start_run
+from .run_state import FEATURE, RUN_KEY, ModelCall, RunState, report_run, start_run
 
 WRAPPER_KEY = "accel_deepcache"
 
@@ -88,7 +90,8 @@ class DiffusionModelWrapper:
             decided_full = call.adaptive is not None and not all(call.adaptive.decide(x))
             if call.entries is not None and not decided_full:
                 capture.armed = False  # installed only so blocks see the same patch structure as on full steps
-                features = [run.reused_feature(entry, call.step) for entry in call.entries]
+                signals = x.chunk(len(call.entries))  # forecast "fitted" follows each chunk's signal
+                features = [run.reused_feature(e, call.step, signal) for e, signal in zip(call.entries, signals)]
                 deep_h = features[0] if len(features) == 1 else torch.cat(features)
                 with unet_paths.capture_installed(transformer_options, capture):
                     out = unet_paths.shallow_forward(unet, self.depth, deep_h, *args, **kwargs)
@@ -139,8 +142,12 @@ class DiTApplyModelWrapper:
         decided = run.call(transformer_options, x, may_reuse=control is None)
         call = dit_paths.SpanCall()
         if decided.entries is not None:
-            call.residuals = dit_paths.join_residuals([run.reused_feature(e, decided.step) for e in decided.entries])
             call.adaptive = decided.adaptive  # adaptive: decided in the block loop, from the first span's input
+            if call.adaptive is None:
+                call.residuals = reused_residuals(run, decided)
+            else:  # made once the signal is measured, and only if a chunk reuses (forecast "fitted" reads it)
+                call.residuals = dict.fromkeys(decided.entries[0].h)  # the spans served, until then
+                call.pending = functools.partial(reused_residuals, run, decided)
         if not call.residuals or call.adaptive is not None:
             call.capture = decided.keeps_features or (call.adaptive is not None and bool(decided.keys)
                                                       and decided.step is not None)
@@ -169,6 +176,13 @@ class DiTApplyModelWrapper:
         else:  # no later step reads these chunks' residuals: free them now
             run.forget(decided.keys)
         return out
+
+
+def reused_residuals(run: RunState, decided: ModelCall, signal: torch.Tensor | None = None) -> dict:
+    """A reused call's residuals, every chunk's joined: each chunk's feature as the run's forecast makes it, from
+    the chunk's part of the adaptive `signal` where it has one."""
+    signals = signal.chunk(len(decided.entries)) if signal is not None else [None] * len(decided.entries)
+    return dit_paths.join_residuals([run.reused_feature(e, decided.step, s) for e, s in zip(decided.entries, signals)])
 
 
 def apply(model_patcher, config: DeepCacheConfig):
