@@ -29,6 +29,7 @@ class Loader:
     def __init__(self):
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        self._settled = threading.Condition(self._lock)  # a load under way ended (`_loading` emptied)
         self._due: list = []  # KindEntry, in the order they came
         self._loading: list = []  # taken from _due by a load under way: still to come for `pending`
         self._asked = False  # a wake the thread has not acted on yet (never lost: it may come before its wait)
@@ -58,7 +59,12 @@ class Loader:
         return [e.kind.label for e in loading] + [e.kind.label for e in due if e.precompiled.due]
 
     def load_all_now(self) -> None:
-        """Load every due kind that can load, in the caller's thread (someone waits for the background work)."""
+        """Load every due kind that can load, in the caller's thread (someone waits for the background work).
+        A load the thread has under way is waited for first: it may hand its kinds back for a later idle moment
+        (a sampling began), and a caller that returned meanwhile would find them not loaded (seen: the waits of
+        tests/vae_background_probe.py, whose decodes then ran eagerly)."""
+        with self._settled:
+            self._settled.wait_for(lambda: not self._loading)
         self._load_what_can(stop_for_sampling=False)
 
     def _serve(self) -> None:
@@ -91,6 +97,7 @@ class Loader:
             with self._lock:
                 self._loading = [e for e in self._loading if e not in due]
                 self._due = waiting + [e for e in self._due if e not in waiting]
+                self._settled.notify_all()
         with self._lock:
             retry = bool(self._due) and stop_for_sampling and IDLE_GATE.sampling
         if retry:
