@@ -217,6 +217,9 @@ def main() -> None:
         parser.error("--steady measures the SD1.5 UNet")
     for name, default in zip(("model", "steps", "latent", "variants"), DEFAULTS[args.family, args.steady]):
         setattr(args, name, getattr(args, name) or default)
+    if args.steps < 2:  # each steady time leaves out its sampling's first step (it also loads the model)
+        parser.error(f"--steps {args.steps}: use 2 or more (steady seconds per step leave out each sampling's "
+                     "first step)")
     variants = args.variants.split(",")
     if args.family == "flux":
         if args.child:

@@ -132,6 +132,8 @@ def main() -> None:
     parser.add_argument("--omp-passive", action="store_true", help="run with OMP_WAIT_POLICY=PASSIVE")
     parser.add_argument("--malloc-fixed", action="store_true", help="run with MALLOC_MMAP_THRESHOLD_=131072")
     args = parser.parse_args()
+    if args.steps < 2:  # each steady time leaves out its sampling's first step
+        parser.error(f"--steps {args.steps}: use 2 or more (steady times leave out each sampling's first step)")
     for option, env in REEXEC.items():
         if getattr(args, option) and any(os.environ.get(k) != v for k, v in env.items()):
             os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
