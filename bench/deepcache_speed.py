@@ -4,6 +4,12 @@ beside core EasyCache, each alone and with Compile Model. What each measures: be
 
     .venv/bin/python bench/deepcache_speed.py [--repeats 3] [--attention pytorch] [--steps 4 --repeats 1]
     .venv/bin/python bench/deepcache_speed.py --family flux [--steps 20] [--latent 16] [--repeats 3]
+    python bench/deepcache_speed.py --family wan [--compile also] [--steps 24] [--frames 33] [--width 832] [--height 480]
+
+`--family wan` is for a GPU: the video settings of bench/deepcache_quality.py --model wan on a Wan of Wan 2.1 T2V
+1.3B's size (random weights, tools/make_models.py --set video, written when missing) at a real clip's latent, for
+the speed those settings give where a model call is almost all blocks (the trained model's quality is in
+docs/benchmarks/video.md; random weights say nothing of quality).
 """
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import types
 
 import _path  # noqa: F401  (the project root on sys.path)
 from tools.comfy_env import comfyui_version, import_comfyui, load_pack
-from tools.family_models import FLUX_BENCH
+from tools.family_models import FLUX_BENCH, WAN_BENCH
 from tools.harness import cli
 from tools.harness.machine import cpu_model
 from tools.harness.results import markdown_table, results_path, write_report
@@ -186,10 +192,108 @@ def flux_side(args, pack) -> None:
                                           "rows": rows})
 
 
+def wan_settings(pack, args) -> dict:
+    """name -> what makes the setting's model from the loaded one: bench/deepcache_quality.py's video settings
+    (same names), and uniform interval 5 with the first block live, which reuses as many steps (19 of 24) as the
+    trained model's adaptive 0.5 with the fitted forecast did, so its time is that setting's at this size."""
+    from comfy_extras.nodes_easycache import EasyCacheNode, LazyCacheNode
+
+    deepcache = pack.nodes.deepcache.DeepCache()
+    out = {"full compute": lambda m: m}
+    for n in args.intervals:
+        out[f"DeepCache interval {n}"] = lambda m, n=n: deepcache.apply(m, n, args.depth, 0.0, 1.0, "uniform")[0]
+    out["DeepCache interval 5, first only"] = lambda m: deepcache.apply(
+        m, 5, args.depth, 0.0, 1.0, "uniform", live_blocks="first only")[0]
+    out["DeepCache adaptive 0.2 (default)"] = lambda m: deepcache.apply(m, 3, args.depth, 0.0, 1.0, "adaptive")[0]
+    out["DeepCache adaptive 0.5, first only, fitted forecast"] = lambda m: deepcache.apply(
+        m, 6, args.depth, 0.0, 1.0, "adaptive", 0.5, forecast="fitted", live_blocks="first only")[0]
+    out["EasyCache 0.2 (default)"] = lambda m: EasyCacheNode.execute(m, 0.2, 0.15, 0.95, False).result[0]
+    out["LazyCache 0.2 (default)"] = lambda m: LazyCacheNode.execute(m, 0.2, 0.15, 0.95, False).result[0]
+    return out
+
+
+# With --compile, these settings again on Compile Model ("always compiled": its compile in the warm-up generation)
+WAN_COMPILED = ("full compute", "DeepCache interval 5, first only",
+                "DeepCache adaptive 0.5, first only, fitted forecast", "EasyCache 0.2 (default)")
+
+
+def wan_side(args, pack) -> None:
+    """--family wan: each setting warmed up once, then timed in rounds over all of them; the blocks' compute
+    counted by hooks, the GPU's peak memory of each setting's last generation."""
+    import nodes
+    import torch
+    from video_memory import latent_shape
+
+    (model,) = nodes.UNETLoader().load_unet(args.model, "default")
+    made = wan_settings(pack, args)
+    cases = [(("eager", name), None, None, make(model)) for name, make in made.items()
+             if args.compile != "only" or name == "full compute"]  # only: eager's full compute is the reference
+    if args.compile != "off":
+        compiled = pack.nodes.compile_model.CompileModel().apply(model, "default", "auto", "auto", "always compiled")[0]
+        cases += [(("Compile Model", name), None, None, made[name](compiled)) for name in WAN_COMPILED]
+    shape = latent_shape(args.width, args.height, args.frames)
+    conds = conditioning(4096, tokens=512)  # umT5's prompt, padded to Wan's 512 tokens as ComfyUI's tokenizer does
+    cuda = torch.cuda.is_available()
+    work = BlockWork(model.model.diffusion_model.blocks)
+
+    def observe() -> tuple[float, float | None]:
+        peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        return work.take(), peak
+
+    print(f"== {args.model} ({sum(p.numel() for p in model.model.diffusion_model.parameters()) / 1e9:.2f} B "
+          f"parameters, {model.model.get_dtype()}), latent {list(shape)}, {args.steps} steps, cfg {args.cfg}, "
+          f"euler, simple, on {torch.cuda.get_device_name() if cuda else 'the CPU'}", flush=True)
+    generate = lambda m: sample(m, conds, shape, args.steps, args.cfg, scheduler="simple").out  # noqa: E731
+    outputs, observed, seconds, times = run_settings(cases, generate, observe, rounds=args.repeats)
+    work.close()
+    full_work = observed["eager", "full compute"][0]
+    rows = []
+    for (base, name), *_ in cases:
+        skipped = 1.0 - observed[base, name][0] / full_work
+        rows.append({"base": base, "setting": name, "first_seconds": times[base, name][0],
+                     "seconds": seconds[base, name], "runs": times[base, name][1:],
+                     "speedup": seconds["eager", "full compute"] / seconds[base, name],
+                     "block_compute_skipped": skipped, "speedup_limit": 1.0 / (1.0 - skipped),
+                     "peak_gpu_gib": observed[base, name][1],
+                     "error_vs_full_eager": rel_error(outputs[base, name], outputs["eager", "full compute"])})
+    print("", *markdown_table(
+        ["base", "setting", f"median s ({args.repeats} rounds)", "speedup vs full eager", "limit from blocks skipped",
+         "share of the limit", "peak GPU memory (GiB)", "first generation s"],
+        [[r["base"], r["setting"], f"{r['seconds']:.2f}", f"{r['speedup']:.2f}x",
+          f"{r['speedup_limit']:.2f}x ({100 * r['block_compute_skipped']:.1f}% skipped)",
+          f"{100 * r['speedup'] / r['speedup_limit']:.0f}%",
+          "-" if r["peak_gpu_gib"] is None else f"{r['peak_gpu_gib']:.1f}", f"{r['first_seconds']:.1f}"]
+         for r in rows]), sep="\n")
+    write_report("deepcache_wan_speed" + ("_compiled" if args.compile == "only" else ""), {
+        "model": args.model, "dtype": str(model.model.get_dtype()), "latent": list(shape), "steps": args.steps,
+        "cfg": args.cfg, "rounds": args.repeats, "device": torch.cuda.get_device_name() if cuda else cpu_model(),
+        "torch_threads": torch.get_num_threads(), "rows": rows})
+
+
+def wan_model_file(name: str) -> None:
+    """Write the named model with tools/make_models.py when the models folder lacks it (a fresh GPU machine)."""
+    import subprocess
+    import sys
+
+    import folder_paths
+
+    if folder_paths.get_full_path("diffusion_models", name) is None:
+        subprocess.run([sys.executable, f"{_path.ROOT}/tools/make_models.py", "--set", "video",
+                        "--only", name], check=True)
+
+
 def main() -> None:
-    parser = cli.parser(__doc__, model=None, steps=20, latent=None)
-    parser.add_argument("--family", choices=("sd15", "flux"), default="sd15", help="the SD1.5 UNet or Flux")
-    parser.add_argument("--cfg", type=float, default=7.0)
+    parser = cli.parser(__doc__, model=None, steps=None, latent=None)
+    parser.add_argument("--family", choices=("sd15", "flux", "wan"), default="sd15",
+                        help="the SD1.5 UNet, Flux, or a Wan of Wan 2.1 1.3B's size (video; for a GPU)")
+    parser.add_argument("--cfg", type=float, default=None, help="default 7 (sd15, flux), 5 (wan)")
+    parser.add_argument("--frames", type=int, default=33, help="wan: the clip's frames (pixels)")
+    parser.add_argument("--width", type=int, default=832, help="wan: pixels")
+    parser.add_argument("--height", type=int, default=480, help="wan: pixels")
+    parser.add_argument("--compile", choices=("off", "also", "only"), default="off",
+                        help="wan: some settings on Compile Model too (only: those, and eager's full compute)")
     parser.add_argument("--depth", type=int, default=0, help="cache branch (0 = shallowest, DeepCache's branch 0)")
     parser.add_argument("--intervals", type=int, nargs="+", default=[2, 3, 5])
     parser.add_argument("--repeats", type=int, default=3)
@@ -199,6 +303,15 @@ def main() -> None:
                         help="ComfyUI's attention: its default for the device (sub-quadratic on the CPU), or "
                              "ComfyUI's own --use-pytorch-cross-attention (SDPA, what diffusers uses)")
     args = parser.parse_args()
+    if args.family == "wan":
+        import torch
+
+        args.model, args.cfg = args.model or WAN_BENCH.file_name, 5.0 if args.cfg is None else args.cfg
+        args.steps = args.steps or 24  # the video quality runs' steps
+        import_comfyui(cpu=not torch.cuda.is_available())
+        wan_model_file(args.model)
+        return wan_side(args, load_pack())
+    args.cfg, args.steps = 7.0 if args.cfg is None else args.cfg, args.steps or 20
     if args.family == "flux":
         args.model, args.latent = args.model or FLUX_BENCH.file_name, args.latent or 16
         import_comfyui(cpu=True)

@@ -105,6 +105,11 @@ BY_NAME = {f.name: f for f in FAMILIES}
 FLUX_BENCH = Family("flux-bench", "Flux", dict(FLUX_BASE, image_model="flux", out_channels=16, vec_in_dim=768,
                                                 guidance_embed=True, depth=2, depth_single_blocks=4), wide=True)
 
+# DeepCache's video speed at real scale (bench/deepcache_speed.py --family wan, on a GPU): Wan 2.1 T2V 1.3B's
+# widths and depth (dim 1536 = 12 heads of 128, ffn 8960, 30 blocks), 1.4 B parameters, 2.8 GB in fp16.
+WAN_BENCH = Family("wan-bench", "WAN21_T2V", dict(BY_NAME["wan21"].unet_config, dim=1536, num_heads=12, ffn_dim=8960,
+                                                  num_layers=30), wide=True)
+
 
 # The dataclass each Params-built family's model takes its config as, and the fields newer ComfyUIs require
 # there beyond 0.3.75's, at the values their detection gives a file without the feature (0.33: `txt_ids_dims` []

@@ -4,6 +4,7 @@
 #
 #   tools/gpu_bundle.sh pack          # here, after `make setup`: writes .gpu/ (git-ignored, about 30 MB)
 #   tools/gpu_bundle.sh run [OUT]     # there, in the copied checkout: unpacks, writes the models, runs bench/gpu.py
+#   tools/gpu_bundle.sh with CMD...   # there: unpacks, then runs CMD with that ComfyUI (e.g. one bench script)
 #
 # .gpu/comfyui.tar.xz is the ComfyUI under test without its models or caches; .gpu/site.tar.xz holds, unpacked, the
 # wheels of ComfyUI's imports that such a machine lacked on 2026-11-26 (Python 3.12, torch 2.11.0+cu130): PyAV and
@@ -31,15 +32,20 @@ pack)
     du -sh .gpu/*.tar.xz
     echo "then on the GPU machine, in a copy of this checkout that carries .gpu/: tools/gpu_bundle.sh run [OUT]"
     ;;
-run)
-    out="$(realpath -m "${2:-docs/benchmarks}")"
-    mkdir -p "$out" /tmp/accel-gpu-site .gpu/comfy
+run | with)
+    mkdir -p /tmp/accel-gpu-site .gpu/comfy
     tar -xJf .gpu/site.tar.xz -C /tmp/accel-gpu-site
     tar -xJf .gpu/comfyui.tar.xz -C .gpu/comfy
     export PYTHONPATH="/tmp/accel-gpu-site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     COMFYUI_DIR="$(realpath .gpu/comfy/*/)"
     export COMFYUI_DIR
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi here"
+    if [ "$1" = with ]; then
+        shift
+        exec "$@"
+    fi
+    out="$(realpath -m "${2:-docs/benchmarks}")"
+    mkdir -p "$out"
     python3 tools/make_models.py --set test --only accel-tiny- | tail -3  # the families (bench/gpu.py writes its Flux)
     status=0
     python3 bench/gpu.py --budget "$BUDGET" --out "$out/gpu.md" 2>&1 | tee "$out/gpu_log.txt" || status=$?
@@ -47,7 +53,7 @@ run)
     exit "$status"
     ;;
 *)
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

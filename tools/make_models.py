@@ -24,7 +24,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.comfy_env import import_comfyui  # noqa: E402
 from tools.family_models import BY_NAME as FAMILY_BY_NAME  # noqa: E402
-from tools.family_models import FAMILIES, FLUX_BENCH, dit_lora_state_dict, family_state_dict  # noqa: E402
+from tools.family_models import FAMILIES, FLUX_BENCH, WAN_BENCH, dit_lora_state_dict, family_state_dict  # noqa: E402
 
 GENERATOR_VERSION = "1"
 
@@ -223,6 +223,8 @@ MODEL_FILES = [
     ModelFile("diffusion_models", FLUX_BENCH_B, 104, lambda s: family_state_dict(FLUX_BENCH, s), ("full",)),
     ModelFile("diffusion_models", FLUX_QUICK_B, 141, lambda s: family_state_dict(FAMILY_BY_NAME["flux"], s),
               ("quick",)),
+    # DeepCache's video speed at real scale (bench/deepcache_speed.py --family wan writes it when missing).
+    ModelFile("diffusion_models", WAN_BENCH.file_name, 151, lambda s: family_state_dict(WAN_BENCH, s), ("video",)),
 ]
 
 
@@ -306,7 +308,7 @@ def write_standins(models_dir: Path, standins: Path, only: str | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Write the generated test and benchmark models.")
-    parser.add_argument("--set", default="test", choices=["test", "quick", "full", "templates", "all"])
+    parser.add_argument("--set", default="test", choices=["test", "quick", "full", "templates", "video", "all"])
     parser.add_argument("--only", help="write only the files whose names contain this text")
     args = parser.parse_args()
     comfy_dir = import_comfyui()
