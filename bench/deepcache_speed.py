@@ -226,11 +226,13 @@ def wan_side(args, pack) -> None:
 
     (model,) = nodes.UNETLoader().load_unet(args.model, "default")
     made = wan_settings(pack, args)
-    cases = [(("eager", name), None, None, make(model)) for name, make in made.items()
+    wanted = [name for name in made if name == "full compute" or not args.only or name in args.only]
+    cases = [(("eager", name), None, None, made[name](model)) for name in wanted
              if args.compile != "only" or name == "full compute"]  # only: eager's full compute is the reference
     if args.compile != "off":
         compiled = pack.nodes.compile_model.CompileModel().apply(model, "default", "auto", "auto", "always compiled")[0]
-        cases += [(("Compile Model", name), None, None, made[name](compiled)) for name in WAN_COMPILED]
+        cases += [(("Compile Model", name), None, None, made[name](compiled)) for name in WAN_COMPILED
+                  if name in wanted]
     shape = latent_shape(args.width, args.height, args.frames)
     conds = conditioning(4096, tokens=512)  # umT5's prompt, padded to Wan's 512 tokens as ComfyUI's tokenizer does
     cuda = torch.cuda.is_available()
@@ -292,6 +294,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=33, help="wan: the clip's frames (pixels)")
     parser.add_argument("--width", type=int, default=832, help="wan: pixels")
     parser.add_argument("--height", type=int, default=480, help="wan: pixels")
+    parser.add_argument("--only", nargs="+", help="wan: these settings (by name) and full compute")
     parser.add_argument("--compile", choices=("off", "also", "only"), default="off",
                         help="wan: some settings on Compile Model too (only: those, and eager's full compute)")
     parser.add_argument("--depth", type=int, default=0, help="cache branch (0 = shallowest, DeepCache's branch 0)")
