@@ -224,8 +224,11 @@ def wan_side(args, pack) -> None:
     import torch
     from video_memory import latent_shape
 
-    (model,) = nodes.UNETLoader().load_unet(args.model, "default")
     made = wan_settings(pack, args)
+    unknown = sorted(set(args.only or ()) - set(made))
+    if unknown:  # before the model loads (seconds for 2.8 GB)
+        raise SystemExit(f"--only: no setting named {unknown}; the settings: {list(made)}")
+    (model,) = nodes.UNETLoader().load_unet(args.model, "default")
     wanted = [name for name in made if name == "full compute" or not args.only or name in args.only]
     cases = [(("eager", name), None, None, made[name](model)) for name in wanted
              if args.compile != "only" or name == "full compute"]  # only: eager's full compute is the reference
