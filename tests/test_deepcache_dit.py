@@ -341,3 +341,52 @@ def test_bad_forecast_or_live_blocks_are_refused_when_the_node_runs(accel_pack, 
     # "fitted" follows the adaptive signal, which a uniform schedule does not measure: the error names the fix
     with pytest.raises(ValueError, match="set schedule to adaptive, or forecast to linear"):
         with_options(accel_pack, models["wan21"], forecast="fitted")
+
+
+@pytest.mark.parametrize("schedule, forecast", [("uniform", "off"), ("adaptive", "off"), ("uniform", "linear"),
+                                                ("adaptive", "fitted")])
+def test_a_call_that_reuses_nothing_frees_the_old_features_before_its_blocks_run(accel_pack, models, schedule,
+                                                                                  forecast):
+    """At video sizes a feature is hundreds of MB on a GPU, on top of the blocks' own peak: before the blocks of a
+    call that reuses nothing run, the run frees what only a reuse reads. A middle block (it runs in full calls
+    and in adaptive calls where only some chunks reuse, which keep their entries) sees no entry kept by the run
+    without a forecast, and no entry before the kept ones with one; in uniform mode the call is known full before
+    it starts, in adaptive mode once the first block decided. And a reused call adds the residual the run keeps,
+    not a copy joined from its chunks. The outputs do not depend on it: the same in a second run."""
+    model = models["wan21"]
+    run_key, call_key = accel_pack.accel.deepcache.runtime.RUN_KEY, accel_pack.accel.deepcache.dit_paths.CALL_KEY
+    held = []  # per call in which no chunk reuses: (entries kept, entries with the one before them kept)
+
+    def look(module, args, kwargs):
+        run, call = kwargs["transformer_options"].get(run_key), kwargs["transformer_options"].get(call_key)
+        if run is not None and not (call.adaptive is not None and any(call.adaptive.reuse)):  # not a mixed call
+            held.append((len(run.features), sum(e.previous is not None for e in run.features.values())))
+
+    copied = []  # per reused call without a forecast: whether its residual is a copy of what the run keeps
+
+    def look_reused(module, args, kwargs):
+        run, call = kwargs["transformer_options"].get(run_key), kwargs["transformer_options"].get(call_key)
+        if run is not None and call.reusing and forecast == "off":
+            kept = {id(entry.h[0]["img"]._base): entry.h[0]["img"]._base for entry in run.features.values()}
+            if len(kept) == 1:  # every chunk's residual from one capture (not after a call where only some ran)
+                copied.append(call.residuals[0]["img"] is not next(iter(kept.values())))
+
+    cached = with_options(accel_pack, model, 3, schedule, forecast=forecast)
+    sample = run_adaptive  # 20 steps: full calls that follow two full steps, whose entries a forecast keeps
+    blocks = model.model.diffusion_model.blocks
+    handles = [blocks[2].register_forward_pre_hook(look, with_kwargs=True),
+               blocks[3].register_forward_pre_hook(look_reused, with_kwargs=True)]  # the last block runs in both
+    try:
+        first = sample(cached, "wan21")
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert last_report(accel_pack)["reused_steps"] > 0
+    assert len(held) >= 2, f"fewer than two full calls: {held}"
+    if forecast == "off":
+        assert all(entries == 0 for entries, _ in held), f"old features held while the blocks ran: {held}"
+        assert copied and not any(copied), f"reused calls copied the kept residual: {copied}"
+    else:
+        assert any(entries for entries, _ in held[1:]), f"the forecast's entries were dropped: {held}"
+        assert all(before == 0 for _, before in held), f"entries before the kept ones held: {held}"
+    assert torch.equal(sample(cached, "wan21"), first)

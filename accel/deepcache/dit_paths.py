@@ -112,6 +112,8 @@ class SpanCall:
     signal: torch.Tensor | None = None  # a captured call's first span input (image tokens): adaptive's reference
     # adaptive: makes `residuals` from the signal once it is measured (until then they name only the spans)
     pending: Callable | None = None
+    # adaptive: called once if no chunk reuses, before the blocks run: the run frees what only a reuse would read
+    on_all_run: Callable | None = None
 
     def reuses(self, span_index: int) -> bool:
         """Whether the span is served from its cached residual in this call (asked at its first block)."""
@@ -135,9 +137,27 @@ def split_residuals(residuals: dict, chunks: int) -> list[dict]:
 
 
 def join_residuals(parts: list[dict]) -> dict:
-    return {span: {stream: None if parts[0][span][stream] is None else torch.cat([p[span][stream] for p in parts])
-                   for stream in parts[0][span]}
+    return {span: {stream: joined([p[span][stream] for p in parts]) for stream in parts[0][span]}
             for span in parts[0]}
+
+
+def joined(pieces: list):
+    """The chunks' tensors as one batch. Where they are, in order, the whole of the tensor they were split from
+    (the residual of one capture, as the run keeps it): that tensor, not a copy, which at video sizes would add
+    a feature of hundreds of MB to every reused call. Else a new tensor."""
+    if pieces[0] is None:
+        return None
+    base = pieces[0]._base
+    if base is not None and base.is_contiguous() and all(p._base is base and p.is_contiguous() for p in pieces):
+        offset = base.storage_offset()
+        for piece in pieces:
+            if piece.storage_offset() != offset:
+                break
+            offset += piece.numel()
+        else:
+            if offset == base.storage_offset() + base.numel() and base.shape[1:] == pieces[0].shape[1:]:
+                return base
+    return torch.cat(pieces)
 
 
 class SpanBlockPatch:
@@ -163,6 +183,9 @@ class SpanBlockPatch:
                 pending, call.pending = call.pending, None
                 if any(reuse):
                     call.residuals = pending(args.get("img"))
+            if call.on_all_run is not None and not any(reuse):
+                on_all_run, call.on_all_run = call.on_all_run, None
+                on_all_run()
         if span.index in call.reusing or (first and call.reuses(span.index)):
             # A stream whose residual is None ends inside the span (SD3's last joint block outputs no text): the
             # span's output has None there, as the blocks give it.

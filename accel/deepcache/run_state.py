@@ -155,6 +155,16 @@ class RunState:
         signature = (x.shape[0] // len(keys) if keys else 0, tuple(x.shape[1:]), x.dtype, x.device)
         return self.step, keys, signature
 
+    def drop_unread(self, keys) -> None:
+        """Before the blocks of a call that reuses nothing (its outputs do not depend on this): free what only a
+        reuse would read. Without a forecast, the chunks' entries (the call's capture replaces them, or else they
+        are forgotten after it); with one, the entries before them (a new entry keeps only the one it replaces)."""
+        for key in keys or ():
+            if self.config.forecast == "off":
+                self.features.pop(key, None)
+            elif key in self.features:
+                self.features[key].previous = None
+
     def forget(self, keys) -> None:
         for key in keys or ():
             self.features.pop(key, None)

@@ -151,6 +151,12 @@ class DiTApplyModelWrapper:
         if not call.residuals or call.adaptive is not None:
             call.capture = decided.keeps_features or (call.adaptive is not None and bool(decided.keys)
                                                       and decided.step is not None)
+        # What only a reuse reads is freed before the blocks of a call that reuses nothing, so the old features
+        # do not add to the blocks' peak memory (at video sizes a feature is hundreds of MB on the GPU).
+        if decided.entries is None:
+            run.drop_unread(decided.keys)
+        elif call.adaptive is not None:
+            call.on_all_run = functools.partial(drop_unread_of_call, run, decided)
         transformer_options[dit_paths.CALL_KEY] = call  # this call's own options (a copy per model call)
         try:
             out = executor(*args, **kwargs)
@@ -176,6 +182,15 @@ class DiTApplyModelWrapper:
         else:  # no later step reads these chunks' residuals: free them now
             run.forget(decided.keys)
         return out
+
+
+def drop_unread_of_call(run: RunState, decided: ModelCall) -> None:
+    """An adaptive call in which no chunk reuses: the run's drop_unread, and the call's own hold on the entries
+    and the references it decided from."""
+    run.drop_unread(decided.keys)
+    if run.config.forecast == "off":
+        decided.entries = None
+        decided.adaptive.references = [None] * len(decided.adaptive.references)
 
 
 def reused_residuals(run: RunState, decided: ModelCall, signal: torch.Tensor | None = None) -> dict:
