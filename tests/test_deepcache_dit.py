@@ -355,18 +355,18 @@ def test_a_call_that_reuses_nothing_frees_the_old_features_before_its_blocks_run
     not a copy joined from its chunks. The outputs do not depend on it: the same in a second run."""
     model = models["wan21"]
     run_key, call_key = accel_pack.accel.deepcache.runtime.RUN_KEY, accel_pack.accel.deepcache.dit_paths.CALL_KEY
-    held = []  # per call in which no chunk reuses: (entries kept, entries with the one before them kept)
+    held = []  # per call in which no chunk reuses (not a mixed call): (entries kept, entries before them kept)
 
     def look(module, args, kwargs):
         run, call = kwargs["transformer_options"].get(run_key), kwargs["transformer_options"].get(call_key)
-        if run is not None and not (call.adaptive is not None and any(call.adaptive.reuse)):  # not a mixed call
+        if run is not None and call is not None and not (call.adaptive is not None and any(call.adaptive.reuse)):
             held.append((len(run.features), sum(e.previous is not None for e in run.features.values())))
 
     copied = []  # per reused call without a forecast: whether its residual is a copy of what the run keeps
 
     def look_reused(module, args, kwargs):
         run, call = kwargs["transformer_options"].get(run_key), kwargs["transformer_options"].get(call_key)
-        if run is not None and call.reusing and forecast == "off":
+        if run is not None and call is not None and call.reusing and forecast == "off":
             kept = {id(entry.h[0]["img"]._base): entry.h[0]["img"]._base for entry in run.features.values()}
             if len(kept) == 1:  # every chunk's residual from one capture (not after a call where only some ran)
                 copied.append(call.residuals[0]["img"] is not next(iter(kept.values())))
