@@ -430,7 +430,10 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
         assert sampling["frames"] == 0, f"Dynamo traced in this process: {sampling}"
     index, new_kind = next((i, k) for i, k in enumerate(result["new_shape_stats"]["kinds"])
                            if "new input shape" in k["background"]["reason"])
-    assert new_kind["precompiled"]["functions"] >= 2, new_kind  # the first shape's graph and the new one's
+    # the first shape's graph and the new one's (the message names what pytest's repr of the whole kind cut off:
+    # this failed once in a full run, with 1, and passed alone)
+    assert new_kind["precompiled"]["functions"] >= 2, (new_kind["precompiled"], new_kind["background"],
+                                                       result["new_shape_stats"]["background"]["finished"])
     for sampling in (new_after, new_warm):
         assert sampling["max_abs_diff"] <= 2e-5 * sampling["eager_max_abs"], sampling
 
