@@ -71,8 +71,6 @@ def run_job(directory: Path, parent: int) -> int:
     with open(directory / "job.pkl", "rb") as handle:
         job = pickle.load(handle)
     from ...cache.store import write_atomic
-    from ..blocks import BlockKind
-    from ..options import CompileOptions
     from ..registry import GraphRegistry
 
     registry = GraphRegistry()  # the job's own: kinds start with no shapes seen, as in a new process
@@ -80,31 +78,42 @@ def run_job(directory: Path, parent: int) -> int:
     for item in job["items"]:
         if os.getppid() != parent:
             return PARENT_GONE
-        block = load_skeleton(item["block"])
-        entry = registry.entry(BlockKind(*item["kind"]), getattr(type(block), item["attribute"]),
-                               CompileOptions(**item["options"]), torch.device(item["device"]))
-        # a new shape of a kind the parent runs: the dimensions it already made dynamic stay so here
-        entry.shapes.dynamic_dims.update(tuple(d) for d in item.get("dynamic_dims", ()))
-        start = time.perf_counter()
-        marks = []  # per call, the dimensions its compiled call marked dynamic
-        with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]):
-            for call in item["calls"]:
-                args, kwargs = load_skeleton(call)
-                entry.run_compiled(block, lambda: (args, kwargs), args, kwargs)  # noqa: B023
-                marks.append(set(entry.shapes.dynamic_dims))
-            compiled_seconds = time.perf_counter() - start
-            precompiled = None if entry.failure else save_precompiled(entry, block, item["calls"], marks,
-                                                                       {"grad": item["grad"],
-                                                                        "inference": item["inference"]})
-        results.append({"cache_id": entry.cache_id, "kind": entry.kind.label, "failure": entry.failure,
-                        "seconds": round(time.perf_counter() - start, 2), "compiles": entry.compiles,
-                        "fx_graph_misses": entry.disk_cache.get("fx_graph_misses", 0), "precompiled": precompiled})
-        log.info("[Accel] background compile: %s in %.1f s (precompiled: %s in %.1f s)%s", entry.kind.label,
-                 compiled_seconds, precompiled, results[-1]["seconds"] - compiled_seconds,
-                 f" (failed: {entry.failure})" if entry.failure else "")
+        results.append(compile_item(item, registry))
         write_atomic(directory / "results.json",
                      json.dumps({"kinds": results, "peak_rss_mib": _peak_rss_mib()}, indent=1).encode())
     return 0
+
+
+def compile_item(item: dict, registry) -> dict:
+    """Compile one captured kind (a job item, capture.Capture.job_item) for each of its calls' layouts, in their
+    order, through an entry of `registry`, then save its graphs whole; what happened, as results.json lists it.
+    Also `python -m accel precompile`'s last step, in its own process (accel/precompile.py)."""
+    from ..blocks import BlockKind
+    from ..options import CompileOptions
+
+    block = load_skeleton(item["block"])
+    entry = registry.entry(BlockKind(*item["kind"]), getattr(type(block), item["attribute"]),
+                           CompileOptions(**item["options"]), torch.device(item["device"]))
+    # a new shape of a kind the parent runs: the dimensions it already made dynamic stay so here
+    entry.shapes.dynamic_dims.update(tuple(d) for d in item.get("dynamic_dims", ()))
+    start = time.perf_counter()
+    marks = []  # per call, the dimensions its compiled call marked dynamic
+    with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]):
+        for call in item["calls"]:
+            args, kwargs = load_skeleton(call)
+            entry.run_compiled(block, lambda: (args, kwargs), args, kwargs)  # noqa: B023
+            marks.append(set(entry.shapes.dynamic_dims))
+        compiled_seconds = time.perf_counter() - start
+        precompiled = None if entry.failure else save_precompiled(entry, block, item["calls"], marks,
+                                                                   {"grad": item["grad"],
+                                                                    "inference": item["inference"]})
+    result = {"cache_id": entry.cache_id, "kind": entry.kind.label, "failure": entry.failure,
+              "seconds": round(time.perf_counter() - start, 2), "compiles": entry.compiles,
+              "fx_graph_misses": entry.disk_cache.get("fx_graph_misses", 0), "precompiled": precompiled}
+    log.info("[Accel] compiled %s in %.1f s (precompiled: %s in %.1f s)%s", entry.kind.label,
+             compiled_seconds, precompiled, result["seconds"] - compiled_seconds,
+             f" (failed: {entry.failure})" if entry.failure else "")
+    return result
 
 
 def save_precompiled(entry, block, calls: list[bytes], marks: list[set], modes: dict) -> int | str:
