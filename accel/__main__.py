@@ -60,6 +60,11 @@ def parser() -> argparse.ArgumentParser:
     pre.add_argument("--dynamic", choices=DYNAMIC, default="auto", help="as on the Compile Model node")
     pre.add_argument("--scope", choices=SCOPES, default="auto", help="as on the Compile Model node")
     pre.add_argument("--cpu", action="store_true", help="compile for the CPU (default when there is no GPU)")
+    pre.add_argument("--comfyui-args", default="", metavar="FLAGS",
+                     help="your ComfyUI server's flags, as on its command line, after an = "
+                          "(--comfyui-args=\"--fast --highvram\"): its "
+                          "blocks load the graphs precompile saves only where the flags that change what they "
+                          "compute are the same")
     # Compile Model's background compiler; no help= keeps it out of the list (help=SUPPRESS showed "==SUPPRESS==")
     worker = commands.add_parser("compile-worker")
     worker.add_argument("directory", type=Path)
@@ -104,7 +109,7 @@ def run(args) -> int:
 
         sizes, batches = parse_sizes(args.sizes), parse_batches(args.batch)
         options = CompileOptions(mode=args.mode, dynamic=args.dynamic, scope=args.scope, choose="always compiled")
-        import_comfyui(comfy_dir, cpu=args.cpu or not torch.cuda.is_available())
+        import_comfyui(comfy_dir, args.cpu or not torch.cuda.is_available(), args.comfyui_args)
         print(json.dumps(precompile(args.model, sizes, batches, options, args.cfg), indent=1))
         return 0
 

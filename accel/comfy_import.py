@@ -7,6 +7,7 @@ running ComfyUI, which has imported itself.
 """
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -27,3 +28,25 @@ def import_comfyui_core(comfy_dir: Path, cpu: bool, **flags) -> None:
             setattr(args, name, value)
     import utils.extra_config  # noqa: F401
     import comfy.model_management  # noqa: F401
+
+
+def parse_comfyui_flags(comfy_dir: Path, text: str) -> dict:
+    """The flags ComfyUI's own parser reads from `text` (as on main.py's command line), those it sets away from
+    their defaults, by argument name: for import_comfyui_core. ValueError, naming the flag, when ComfyUI has no
+    such flag or refuses its value."""
+    if not text.strip():
+        return {}
+    if str(comfy_dir) not in sys.path:
+        sys.path.insert(0, str(comfy_dir))
+    import comfy.options  # noqa: F401  (as above: importing the parser must not parse this process's argv)
+    from comfy.cli_args import parser
+
+    try:
+        parsed, unknown = parser.parse_known_args(shlex.split(text))
+    except (SystemExit, ValueError) as err:  # argparse exits on a bad value, after printing why
+        raise ValueError(f"ComfyUI refused the flags {text!r} (its message is above); write them as for "
+                         f"ComfyUI's main.py") from err
+    if unknown:
+        raise ValueError(f"ComfyUI at {comfy_dir} has no flag {' '.join(unknown)}; `python main.py --help` in "
+                         f"ComfyUI's folder lists them")
+    return {name: value for name, value in vars(parsed).items() if value != parser.get_default(name)}

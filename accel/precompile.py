@@ -6,7 +6,11 @@ are exactly the ones a workflow's first sampling will ask for:
 
 - per size and batch, the graphs a fresh process compiles when that size comes first (Dynamo state is reset
   between sizes; this process is ours, so resetting it touches nobody else);
-- then the shape-generic graphs a process compiles once it has seen a second size.
+- then the shape-generic graphs a process compiles once it has seen a second size;
+- last, each kind's graphs saved whole (precompiled functions, compile/precompiled.py), made as a background
+  child makes them (compile/background/child.compile_item) from the calls recorded above, their graphs from the
+  torch caches those calls filled. A server's first prompt at these sizes then loads each kind in milliseconds
+  (on the CPU once inductor's per-process checks ran) and starts no child: no Dynamo tracing in it at all.
 """
 from __future__ import annotations
 
@@ -48,13 +52,20 @@ def parse_batches(text: str) -> list[int]:
     return batches
 
 
-def import_comfyui(comfy_dir: Path, cpu: bool) -> None:
-    """ComfyUI's core in this process, as its main.py would set it up (model folders included)."""
+def import_comfyui(comfy_dir: Path, cpu: bool, comfyui_args: str = "") -> None:
+    """ComfyUI's core in this process, as its main.py would set it up (model folders included), with the server's
+    flags `comfyui_args` (as on main.py's command line): graphs saved whole serve a server only where the flags
+    that change what its blocks compute are the same (compile/precompiled.py, the context of a saved graph)."""
     if not (comfy_dir / "main.py").is_file():
         raise PrecompileError(f"no ComfyUI at {comfy_dir} (no main.py); pass --comfyui DIR or set COMFYUI_DIR")
-    from .comfy_import import import_comfyui_core
+    from .comfy_import import import_comfyui_core, parse_comfyui_flags
 
-    import_comfyui_core(comfy_dir, cpu)
+    try:
+        flags = parse_comfyui_flags(comfy_dir, comfyui_args)
+    except ValueError as err:
+        raise PrecompileError(f"--comfyui-args: {err}") from err
+    cpu = flags.pop("cpu", False) or cpu
+    import_comfyui_core(comfy_dir, cpu, **flags)
     import utils.extra_config
 
     extra = comfy_dir / "extra_model_paths.yaml"
@@ -102,6 +113,15 @@ def _conds(patcher):
 
 def precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int], options, cfg: float = 7.0) -> dict:
     """Compile `model_name` for every size and batch into the persistent cache. Returns a summary."""
+    import torch
+
+    # ComfyUI's executor runs every node in inference mode, so a workflow's weights, conditioning and latents are
+    # inference tensors; a graph's guards tell those from normal ones, so precompile makes them the same way
+    with torch.inference_mode():
+        return _precompile(model_name, sizes, batches, options, cfg)
+
+
+def _precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int], options, cfg: float) -> dict:
     import comfy.sample
     import torch
 
@@ -110,6 +130,9 @@ def precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int]
 
     patcher = load_model(model_name)
     compiled = compile_model(patcher, options)
+    # the background compile, whose code saves kinds whole, compiles repeated blocks only: a whole model's graphs
+    # stay in torch's caches
+    recorded = {} if options.whole_model else REGISTRY.record_compiled_calls()
     positive, negative = _conds(patcher)
     channels = patcher.model.latent_format.latent_channels
 
@@ -130,7 +153,37 @@ def precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int]
         for width, height, batch in combos:
             sample_once(width, height, batch)
     stats = REGISTRY.stats()
+    compiled_seconds = time.perf_counter() - start
+    saved = save_whole(recorded.values()) if recorded else {}
     return {"model": model_name, "sizes": [f"{w}x{h}" for w, h in sizes], "batches": batches,
-            "seconds": round(time.perf_counter() - start, 1), "kinds": len(stats["kinds"]),
+            "seconds": round(compiled_seconds, 1), "kinds": len(stats["kinds"]),
             "compiles": stats["totals"]["compiles"], "disk_cache": stats["totals"]["disk_cache"],
-            "cache": stats["compile_cache"]}
+            "precompiled": saved, "precompiled_seconds": round(time.perf_counter() - start - compiled_seconds, 1),
+            "cache": REGISTRY.stats()["compile_cache"]}
+
+
+def save_whole(captures) -> dict:
+    """Each recorded kind (background.Capture) compiled again as a background child compiles it, from a registry
+    of its own and Dynamo's caches reset (so its graphs are those a new process makes, out of torch's caches now
+    warm), and saved whole. {kind: the number of graphs saved, or why none}."""
+    import torch
+
+    from .compile.background.child import compile_item
+    from .compile.background.skeleton import CaptureError
+    from .compile.precompiled import unavailable
+    from .compile.registry import GraphRegistry
+
+    why = unavailable()
+    if why:
+        return {capture.entry.kind.label: why for capture in captures}
+    torch._dynamo.reset()
+    registry, saved = GraphRegistry(), {}
+    for capture in captures:
+        try:
+            item = capture.job_item()
+        except CaptureError as err:
+            saved[capture.entry.kind.label] = f"not captured ({err})"
+            continue
+        result = compile_item(item, registry)
+        saved[result["kind"]] = f"failed: {result['failure']}" if result["failure"] else result["precompiled"]
+    return saved

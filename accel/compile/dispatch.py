@@ -15,6 +15,7 @@ from .attention import compiled_block_options
 from .background import ACTIVITY, Capture
 from .blocks import BlockSite, block_safe_options, whole_model_safe_options
 from .kinds import WOULD_COMPILE, KindEntry, wait_for_device
+from .registry import REGISTRY
 from .routes import CallPlan, Route
 from .shapes import input_signature, tensor_shapes
 
@@ -136,10 +137,20 @@ class BlockDispatcher:
     def _compiled(self, make_call, args: tuple, kwargs: dict):
         entry = self.entry
         first_compile = entry.compiles == 0
+        if REGISTRY.recorded is not None:  # precompile: the call's layouts, for saving the kind whole after
+            self._record(make_call)
         out = entry.run_compiled(self.site.module, make_call, args, kwargs)
         if first_compile and entry.compiles and self.progress is not None:
             self.progress.update(1)
         return out
+
+    def _record(self, make_call) -> None:
+        entry = self.entry
+        capture = REGISTRY.recorded.get(entry.key)
+        if capture is None:
+            capture = REGISTRY.recorded[entry.key] = Capture.in_this_call(entry, self.site.module, self.site.attribute)
+        call_args, call_kwargs = make_call()
+        capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
 
     def _compiled_or_eager(self, make_call, args: tuple, kwargs: dict):
         """A compiled kind's call that must not compile in the prompt (choose=auto with a background compile):

@@ -1,10 +1,11 @@
 """A kind's graphs saved whole by torch's AOT precompile, and loaded in another process without Dynamo tracing.
 
-The child (background/child.py) compiles each captured input layout of a kind with
-`torch.compile(entry, fullgraph=True).aot_compile(...)` and saves the result, guards and Dynamo's output
-included, as a precompiled function in the persistent cache (store.py: owner-only files with a checksum, signed in
-the remote store). ComfyUI's process, a restarted one, or a new fleet worker loads them with
-`torch.compiler.load_compiled_function`: milliseconds a kind where Dynamo tracing the block again took seconds.
+The child (background/child.py; `python -m accel precompile` runs the same code, accel/precompile.py) compiles
+each captured input layout of a kind with `torch.compile(entry, fullgraph=True).aot_compile(...)` and saves the
+result, guards and Dynamo's output included, as a precompiled function in the persistent cache (store.py:
+owner-only files with a checksum, signed in the remote store). ComfyUI's process, a restarted one, or a new fleet
+worker loads them with `torch.compiler.load_compiled_function`: milliseconds a kind where Dynamo tracing the
+block again took seconds.
 
 A call is served by the first loaded function whose guards accept its inputs (a static graph for the first
 shape, dynamic ones once a second shape was seen, as the child's marks made them); inputs no guard accepts get
@@ -39,12 +40,14 @@ log = logging.getLogger("comfyui_accel")
 
 ENV = "ACCEL_PRECOMPILED"
 NO_GRAPH = object()  # `PrecompiledGraphs.call`'s answer when no loaded function accepts the inputs
-FORMAT = 3  # bump when what a file holds or how its context is computed changes
-# ComfyUI flags that change no compiled code: where it listens, logs and keeps files (fleet workers differ there)
+FORMAT = 4  # bump when what a file holds or how its context is computed changes
+# ComfyUI flags that change no compiled code: where it listens, logs and keeps files, how it reads and allocates
+# memory for weights (fleet workers differ there, and `python -m accel precompile` has none of a server's)
 NOT_COMPUTE_FLAGS = ("listen", "port", "tls", "cors", "dir", "directory", "path", "preview", "log", "verbose",
                      "launch", "upload", "front_end", "user", "database", "multi_user", "quick_test", "metadata",
                      "manager", "windows", "whitelist", "api", "comfy_api", "temp", "input", "output", "cache_",
-                     "enable_compress", "disable_all_custom_nodes", "hash")
+                     "enable_compress", "disable_all_custom_nodes", "hash", "print_server", "mmap",
+                     "pinned_memory", "cuda_malloc", "reserve_vram", "smart_memory")
 
 
 def unavailable() -> str:

@@ -31,6 +31,8 @@ class GraphRegistry:
         self._entries: dict[tuple, KindEntry] = {}
         self._labels: dict[str, str] = {}  # label -> the signature that has it, so two kinds never share one
         self._models: "weakref.WeakSet" = weakref.WeakSet()  # model_record.ModelRecord of live models
+        # precompile only (record_compiled_calls): kind key -> background.Capture of its compiled calls' layouts
+        self.recorded: dict | None = None
 
     def entry(self, kind: BlockKind, forward: Callable, options: CompileOptions, device: torch.device) -> KindEntry:
         key = (kind.class_name, kind.signature, device_signature(device), torch.__version__,
@@ -54,6 +56,13 @@ class GraphRegistry:
         with self._lock:
             for entry in self._entries.values():
                 entry.shapes.forget()
+
+    def record_compiled_calls(self) -> dict:
+        """From now on, every kind's compiled calls are recorded (used by precompile only, in its own process): a
+        dict, kind key -> background.Capture with the kind's first block and one call's input layouts per input
+        signature, in call order, as a child's job holds them. Precompile then saves each kind whole from it."""
+        self.recorded = {}
+        return self.recorded
 
     def note_model(self, record) -> None:
         with self._lock:
