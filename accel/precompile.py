@@ -184,6 +184,10 @@ def save_whole(captures) -> dict:
         except CaptureError as err:
             saved[capture.entry.kind.label] = f"not captured ({err})"
             continue
-        result = compile_item(item, registry)
+        try:
+            result = compile_item(item, registry)
+        except Exception as err:  # noqa: BLE001  (this kind's graphs stay in torch's caches; the next kind may save)
+            saved[capture.entry.kind.label] = f"failed: {type(err).__name__}: {str(err)[:200]}"
+            continue
         saved[result["kind"]] = f"failed: {result['failure']}" if result["failure"] else result["precompiled"]
     return saved
