@@ -154,7 +154,8 @@ def _precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int
             sample_once(width, height, batch)
     stats = REGISTRY.stats()
     compiled_seconds = time.perf_counter() - start
-    saved = save_whole(recorded.values()) if recorded else {}
+    saved = {"whole model": "not saved whole (the background compile saves repeated blocks only); torch's caches "
+                            "hold its graphs"} if options.whole_model else save_whole(recorded.values())
     return {"model": model_name, "sizes": [f"{w}x{h}" for w, h in sizes], "batches": batches,
             "seconds": round(compiled_seconds, 1), "kinds": len(stats["kinds"]),
             "compiles": stats["totals"]["compiles"], "disk_cache": stats["totals"]["disk_cache"],
