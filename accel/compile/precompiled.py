@@ -40,7 +40,11 @@ log = logging.getLogger("comfyui_accel")
 
 ENV = "ACCEL_PRECOMPILED"
 NO_GRAPH = object()  # `PrecompiledGraphs.call`'s answer when no loaded function accepts the inputs
-FORMAT = 4  # bump when what a file holds or how its context is computed changes
+# Bump when what a file holds changes. Not for a change of what the context digests (NOT_COMPUTE_FLAGS below): the
+# digests change with it anyway, so old files then serve no call and a child saves new ones off the prompt's path.
+# A file of another FORMAT is not loaded while its kind still counts as precompiled (store.has_precompiled), so
+# some of its graphs load through Dynamo in a prompt once (3 compiles on the small SD1.5 UNet, 2026-11-27).
+FORMAT = 3
 # ComfyUI flags that change no compiled code: where it listens, logs and keeps files, how it reads and allocates
 # memory for weights (fleet workers differ there, and `python -m accel precompile` has none of a server's)
 NOT_COMPUTE_FLAGS = ("listen", "port", "tls", "cors", "dir", "directory", "path", "preview", "log", "verbose",
