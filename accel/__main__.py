@@ -62,9 +62,8 @@ def parser() -> argparse.ArgumentParser:
     pre.add_argument("--cpu", action="store_true", help="compile for the CPU (default when there is no GPU)")
     pre.add_argument("--comfyui-args", default="", metavar="FLAGS",
                      help="your ComfyUI server's flags, as on its command line, after an = "
-                          "(--comfyui-args=\"--fast --highvram\"): its "
-                          "blocks load the graphs precompile saves only where the flags that change what they "
-                          "compute are the same")
+                          "(--comfyui-args=\"--fast --highvram\"): its blocks load the graphs precompile saves "
+                          "only where the flags that change what they compute are the same")
     # Compile Model's background compiler; no help= keeps it out of the list (help=SUPPRESS showed "==SUPPRESS==")
     worker = commands.add_parser("compile-worker")
     worker.add_argument("directory", type=Path)

@@ -125,6 +125,7 @@ def _precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int
     import comfy.sample
     import torch
 
+    from .cache import COMPILE_CACHE
     from .compile import compile_model
     from .compile.registry import REGISTRY
 
@@ -160,7 +161,7 @@ def _precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int
             "seconds": round(compiled_seconds, 1), "kinds": len(stats["kinds"]),
             "compiles": stats["totals"]["compiles"], "disk_cache": stats["totals"]["disk_cache"],
             "precompiled": saved, "precompiled_seconds": round(time.perf_counter() - start - compiled_seconds, 1),
-            "cache": REGISTRY.stats()["compile_cache"]}
+            "cache": COMPILE_CACHE.stats()}
 
 
 def save_whole(captures) -> dict:
