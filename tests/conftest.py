@@ -43,7 +43,8 @@ def compiler_cache(tmp_path_factory):
     touched. The builds are kept between runs in the test environment (`persistent_cxx_folder`): a second
     `make test` on a machine compiles no kernel the first one compiled. ACCEL_TEST_CXX_CACHE=run keeps them for
     this run only (what a fresh machine sees), =0 turns the cache off (so does a machine without g++). Either way
-    the run's folder gets `cxx-calls.log`: a line per cached call, hit or miss with its seconds and test."""
+    the run's folder gets `cxx-calls.log`: a line per cached call, hit or miss with its seconds, what it built, and
+    its test."""
     real = shutil.which("g++")
     choice = os.environ.get("ACCEL_TEST_CXX_CACHE")
     if choice == "0" or real is None:

@@ -10,8 +10,9 @@ what g++ wrote; a miss runs g++ and keeps its output. Every other call (--versio
 torch and its caches see a compiler that answered; what they count (cold graphs, cache hits) is unchanged.
 
 $ACCEL_TEST_CXX_CACHE is the cache folder (kept between test runs: tests/conftest.py), $ACCEL_TEST_REAL_CXX the
-compiler. Each cached call appends a line to $ACCEL_TEST_CXX_LOG (the run's): "hit", or "miss <seconds>", then the
-test that started it (pytest's PYTEST_CURRENT_TEST, which the processes a test starts inherit), so that a run's
+compiler. Each cached call appends a line to $ACCEL_TEST_CXX_LOG (the run's): "hit", or "miss <seconds>", then what
+it built ("header" for inductor's precompiled header, which every process that compiles or loads C++ kernels
+builds, else "source"), then the test that started it (pytest's PYTEST_CURRENT_TEST, which the processes a test starts inherit), so that a run's
 compile time can be read per test. A hit refreshes the kept file's time, by which old builds are pruned.
 """
 import hashlib
@@ -78,8 +79,9 @@ def main() -> int:
         if code == 0 and os.path.isfile(output):
             copy(output, kept)
     test = os.environ.get("PYTEST_CURRENT_TEST", "-").split(" ")[0]
+    built = "header" if [a for a in args if a.endswith(".hpp")] else "source"
     with open(os.environ.get("ACCEL_TEST_CXX_LOG") or os.path.join(cache, "calls.log"), "a") as log:
-        log.write(f"{outcome} {test}\n")
+        log.write(f"{outcome} {built} {test}\n")
     return code
 
 
