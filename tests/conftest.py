@@ -109,6 +109,21 @@ def persistent_cxx_folder(real: str) -> Path | None:
     return folder
 
 
+# Inductor's check of the CPU's vector instruction sets, once for the run (tests/vec_isa_once.py): decided here,
+# in the run's first process, before the test processes start, so that they and every process they start inherit
+# it. The verdict is kept with the compiler cache's kept builds, whose folder names the same compiler, torch and
+# CPU.
+def _decide_vec_isa() -> str:
+    import vec_isa_once
+
+    def kept_folder() -> Path | None:
+        real = shutil.which("g++")
+        return persistent_cxx_folder(real) if real and os.environ.get("ACCEL_TEST_CXX_CACHE") not in ("0", "run") \
+            else None
+
+    return vec_isa_once.decide(kept_folder)
+
+
 def _cpu_description() -> str:
     """The CPU's model and instruction flags as Linux lists them (the first core's), or "" elsewhere."""
     try:
@@ -172,13 +187,16 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
+VEC_ISA = _decide_vec_isa()
+
+
 def pytest_report_header(config):
     from tools.comfy_env import comfyui_dir
 
     path = comfyui_dir()
     import torch
 
-    return f"ComfyUI {comfyui_version(path)} at {path}; torch {torch.__version__}"
+    return [f"ComfyUI {comfyui_version(path)} at {path}; torch {torch.__version__}", f"CPU checks: {VEC_ISA}"]
 
 
 @pytest.fixture(scope="session")

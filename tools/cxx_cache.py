@@ -12,8 +12,9 @@ torch and its caches see a compiler that answered; what they count (cold graphs,
 $ACCEL_TEST_CXX_CACHE is the cache folder (kept between test runs: tests/conftest.py), $ACCEL_TEST_REAL_CXX the
 compiler. Each cached call appends a line to $ACCEL_TEST_CXX_LOG (the run's): "hit", or "miss <seconds>", then what
 it built ("header" for inductor's precompiled header, which every process that compiles or loads C++ kernels
-builds, else "source"), then the test that started it (pytest's PYTEST_CURRENT_TEST, which the processes a test starts inherit), so that a run's
-compile time can be read per test. A hit refreshes the kept file's time, by which old builds are pruned.
+builds, else "source"), then the test that started it (pytest's PYTEST_CURRENT_TEST, which the processes a test
+starts inherit), so that a run's compile time and builds can be read per test. A hit refreshes the kept file's
+time, by which old builds are pruned.
 """
 import hashlib
 import os
