@@ -80,7 +80,7 @@ def main() -> int:
         if code == 0 and os.path.isfile(output):
             copy(output, kept)
     test = os.environ.get("PYTEST_CURRENT_TEST", "-").split(" ")[0]
-    built = "header" if [a for a in args if a.endswith(".hpp")] else "source"
+    built = "header" if any(a.endswith(".hpp") for a in args) else "source"
     with open(os.environ.get("ACCEL_TEST_CXX_LOG") or os.path.join(cache, "calls.log"), "a") as log:
         log.write(f"{outcome} {built} {test}\n")
     return code
