@@ -30,16 +30,22 @@ def vec_isa_options(env_dir: Path) -> dict:
     return {"cpp.vec_isa_ok": True} if verdict.get("all_build") else {}
 
 
-def _probe(path: Path) -> dict:
+def probe() -> dict:
+    """torch's own check of the vector instruction sets against the list the CPU's flags give: "all_build" when
+    every flagged set builds (also what the test suite decides its processes' checks by: tests/vec_isa_once.py)."""
     from torch._inductor import config, cpu_vec_isa
 
     try:
         built = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]  # torch's own probe, which it caches
         with config.patch({"cpp.vec_isa_ok": True}):
             flagged = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list.__wrapped__()]
-        verdict = {"all_build": bool(built) and built == flagged, "built": built, "flagged": flagged}
+        return {"all_build": bool(built) and built == flagged, "built": built, "flagged": flagged}
     except Exception as err:  # noqa: BLE001  (an unexpected torch: keep torch's own per-process check)
-        verdict = {"all_build": False, "error": f"{type(err).__name__}: {err}"[:300]}
+        return {"all_build": False, "error": f"{type(err).__name__}: {err}"[:300]}
+
+
+def _probe(path: Path) -> dict:
+    verdict = probe()
     try:
         write_atomic(path, json.dumps(verdict).encode())
     except OSError:
