@@ -9,6 +9,8 @@ the test's own:
   persists. The small file system is a tmpfs of its own, which needs root with CAP_SYS_ADMIN (this project's
   machines have both); elsewhere the test says so and skips;
 - a damaged shares file (compile/saved_shares.py) is read as none, measured again and rewritten whole;
+- a precompiled function file of another format (an older pack's) counts as none: the kind goes to a child, as
+  one without any, rather than load through Dynamo in a prompt;
 - a damaged background job (its job.pkl) fails that job alone: the child says why in the job's done file and
   takes the next one.
 
@@ -91,6 +93,23 @@ def test_a_damaged_shares_file_is_measured_again_and_rewritten(engine, tmp_path,
     assert json.loads(path.read_text()) == {"kind-a": 0.25}
     saved_shares._known.pop(path, None)  # as a later process reads it
     assert saved_shares.saved_share("cpu", "kind-a") == 0.25
+
+
+def test_a_precompiled_file_of_another_format_counts_as_none(accel_pack, tmp_path):
+    """background/decision.py sends a kind to a child unless its key has a precompiled function this pack loads:
+    a file of another format (written before precompiled.FORMAT changed) is skipped when loading, so counting it
+    would leave the kind to Dynamo in a prompt (3 compiles on the small SD1.5 UNet, measured 2026-11-27)."""
+    store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
+    precompiled = sys.modules[accel_pack.__name__ + ".accel.compile.precompiled"]
+    env = store.EnvironmentCache(tmp_path / "cache", "cpu")
+    assert env.check_usable(), env.problem
+    header = {"context": "a context", "inference": True}
+    env.save_precompiled("somekey", "1" * 20, b"an older pack's function", "a kind",
+                         {**header, "name": "1" * 20, "format": precompiled.FORMAT - 1})
+    assert not env.has_precompiled("somekey", precompiled.loadable)
+    env.save_precompiled("somekey", "2" * 20, b"this pack's function", "a kind",
+                         {**header, "name": "2" * 20, "format": precompiled.FORMAT})
+    assert env.has_precompiled("somekey", precompiled.loadable)
 
 
 def test_a_damaged_background_job_fails_that_job_alone(engine, accel_pack, tmp_path, monkeypatch):

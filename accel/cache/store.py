@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..env_settings import env_float
 from .location import cache_root, environment_id, fingerprint
@@ -93,6 +93,17 @@ def out_of_room(err: BaseException) -> bool:
 def pack_artifact(payload: bytes, label: str, meta: dict | None = None) -> bytes:
     header = {"label": label, "sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload), **(meta or {})}
     return MAGIC + json.dumps(header).encode() + b"\n" + payload
+
+
+def read_header(path: Path) -> dict | None:
+    """An artifact file's header alone (its first lines, not the payload); None when it has none."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(MAGIC)) != MAGIC:
+                return None
+            return json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
 
 
 def unpack_artifact(data: bytes) -> tuple[dict, bytes]:
@@ -367,13 +378,19 @@ class EnvironmentCache:
         self.evict_if_needed()
 
     # -- precompiled functions (compile/precompiled.py) -------------------------------------------------
-    def has_precompiled(self, ident: str) -> bool:
-        """Whether compile key `ident` has precompiled functions here (or, asked once per process, in the remote
-        store, whose verified files are then written here)."""
+    def has_precompiled(self, ident: str, loadable: Callable[[dict], bool]) -> bool:
+        """Whether compile key `ident` has a precompiled function here whose header is `loadable` (or, asked once
+        per process, in the remote store, whose verified files are then written here). A file this pack cannot
+        load (another format) does not count: the kind then goes to a child as if it had none, rather than load
+        through Dynamo in a prompt."""
         folder = self.artifacts_dir / ident / PRECOMPILED_DIR
-        if not any(folder.glob("*.bin")):
+
+        def found() -> bool:
+            return any(loadable(header) for header in map(read_header, folder.glob("*.bin")) if header)
+
+        if not found():
             self._fill_from_remote(ident, precompiled=True)
-        return any(folder.glob("*.bin"))
+        return found()
 
     def precompiled_files(self, ident: str) -> list[tuple[dict, bytes]]:
         """(header, payload) of each precompiled function of `ident` that verifies: its folder and file owner-only

@@ -42,8 +42,8 @@ ENV = "ACCEL_PRECOMPILED"
 NO_GRAPH = object()  # `PrecompiledGraphs.call`'s answer when no loaded function accepts the inputs
 # Bump when what a file holds changes. Not for a change of what the context digests (NOT_COMPUTE_FLAGS below): the
 # digests change with it anyway, so old files then serve no call and a child saves new ones off the prompt's path.
-# A file of another FORMAT is not loaded while its kind still counts as precompiled (store.has_precompiled), so
-# some of its graphs load through Dynamo in a prompt once (3 compiles on the small SD1.5 UNet, 2026-11-27).
+# A file of another FORMAT is not loaded, and its kind does not count as precompiled (`loadable`, which
+# store.has_precompiled asks): a child makes files of this FORMAT off the prompt's path, as for a kind without any.
 FORMAT = 3
 # ComfyUI flags that change no compiled code: where it listens, logs and keeps files, how it reads and allocates
 # memory for weights (fleet workers differ there, and `python -m accel precompile` has none of a server's)
@@ -52,6 +52,11 @@ NOT_COMPUTE_FLAGS = ("listen", "port", "tls", "cors", "dir", "directory", "path"
                      "manager", "windows", "whitelist", "api", "comfy_api", "temp", "input", "output", "cache_",
                      "enable_compress", "disable_all_custom_nodes", "hash", "print_server", "mmap",
                      "pinned_memory", "cuda_malloc", "reserve_vram", "smart_memory")
+
+
+def loadable(header: dict) -> bool:
+    """Whether this pack loads a precompiled function file with this header (its format is this pack's)."""
+    return header.get("format") == FORMAT
 
 
 def unavailable() -> str:
@@ -270,7 +275,7 @@ class PrecompiledGraphs:
         start, made = time.perf_counter(), 0
         for header, payload in files:
             name = header.get("name", "")
-            if name in self.loaded_names or header.get("format") != FORMAT:
+            if name in self.loaded_names or not loadable(header):
                 continue
             self.loaded_names.add(name)
             try:

@@ -3,7 +3,7 @@ call (state.py's UNDECIDED), and what happens instead when it does not."""
 from __future__ import annotations
 
 from ...cache import COMPILE_CACHE
-from ..precompiled import unavailable as precompile_unavailable
+from ..precompiled import loadable as precompiled_loadable, unavailable as precompile_unavailable
 from .cpu_checks import CPU_CHECKS
 from .idle_gate import hold_until_idle
 from .loader import LOADER
@@ -26,7 +26,7 @@ def decide_background(entry) -> bool:
     if not precompile_unavailable():
         # Precompiled functions load in milliseconds; without them (a cache older than them: torch's caches
         # only) a child makes them, mostly from those caches, while the blocks run eagerly.
-        if not env.has_precompiled(entry.cache_id):
+        if not env.has_precompiled(entry.cache_id, precompiled_loadable):
             return True
         entry.precompiled.due = True
         LOADER.load_when_idle([entry])  # at the next idle moment (on the CPU once the checks ran), or next call
