@@ -11,7 +11,7 @@ pack's cache classes and the same real Redis: an artifact changed in the store i
 compile replaces it, another environment's fingerprint misses, another secret's artifacts and shares are refused,
 a store that is down answers at once, no secret means no store, and the command line shows and clears what the
 store holds; torch's own RemoteFxGraphCache, through the endpoint, reads back what it wrote and refuses what was
-changed or unsigned.
+changed or unsigned; the socket folder of a worker killed before its exit is removed by the next endpoint.
 """
 from __future__ import annotations
 
@@ -19,10 +19,13 @@ import contextlib
 import importlib
 import json
 import os
+import socket
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -259,6 +262,31 @@ def test_torchs_own_fx_graph_cache_reads_through_the_endpoint_only_what_verifies
         monkeypatch.setenv(remote.TORCH_CACHES_OFF_ENV, "1")
         with store.torch_caches_on_the_store(env.env_id):
             assert remote.remote_store().torch_endpoint() is None and not inductor_config.fx_graph_remote_cache
+
+
+def test_a_socket_folder_that_a_killed_worker_left_is_removed_by_the_next_endpoint(tmp_path, accel_pack,
+                                                                                   monkeypatch):
+    """A worker killed before its exit (SIGTERM, SIGKILL) leaves its endpoint's folder in the temporary folder, with
+    a socket nobody listens on: the next endpoint made on the machine deletes it. A live endpoint's folder stays,
+    and so does a folder too young to tell (its process may not have bound its socket yet)."""
+    torch_remote = importlib.import_module(accel_pack.__name__ + ".accel.cache.torch_remote")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the test's own temporary folder, not the machine's
+
+    def left_by_a_killed_worker(age_s: float) -> Path:
+        """What a killed worker leaves: the folder and its bound socket, nobody listening."""
+        folder = Path(tempfile.mkdtemp(prefix=torch_remote.FOLDER_PREFIX))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bound:
+            bound.bind(str(folder / torch_remote.SOCKET_NAME))
+        os.utime(folder, (time.time() - age_s,) * 2)
+        return folder
+
+    stale, young = left_by_a_killed_worker(age_s=3600), left_by_a_killed_worker(age_s=0)
+    live = torch_remote.VerifyingEndpoint(store=None)  # serves nothing here: only its folder and socket count
+    os.utime(os.path.dirname(live.path), (time.time() - 3600,) * 2)
+    assert not stale.exists(), "the first endpoint did not remove the folder a killed worker left"
+    torch_remote.VerifyingEndpoint(store=None)
+    assert os.path.exists(live.path), "a live endpoint's folder was removed"
+    assert young.exists(), "a folder too young to tell was removed"
 
 
 @contextlib.contextmanager

@@ -7,7 +7,8 @@ every worker. So torch's client is never pointed at the store itself. It talks t
 Redis-speaking server of the worker's own, on a Unix socket in an owner-only directory (no other user of the
 machine can connect, so nobody else can have a write signed). The endpoint signs what torch writes and hands
 torch only what verifies (RemoteStore.torch_get / torch_put); an entry that does not verify is a miss, warned.
-Only what torch's Redis client sends is served: GET, SET, and the client's connection handshake.
+Only what torch's Redis client sends is served: GET, SET, and the client's connection handshake. The socket's
+folder goes with the process at its exit; the folders of killed processes are swept by the next endpoint.
 
 The pack turns torch's caches on and points them here only for the length of its own compiled calls
 (store.torch_caches_on_the_store); the endpoint files torch's entries under the environment of the call in
@@ -28,9 +29,12 @@ import os
 import shutil
 import socket
 import socketserver
+import stat
 import tempfile
 import threading
+import time
 import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Iterator
 
 from ..thread_names import start_thread
@@ -41,6 +45,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("comfyui_accel")
 
 MAX_ARGUMENT_BYTES = 512 * 2**20  # a compiled graph of a large model is tens of MB; this bounds a broken client
+FOLDER_PREFIX = "accel-torch-cache-"  # the endpoint's socket folder, in the system's temporary folder
+SOCKET_NAME = "redis.sock"
+# A younger folder may belong to a process between making it and binding its socket: never swept.
+STALE_AFTER_S = 60.0
 
 
 class VerifyingEndpoint:
@@ -48,8 +56,9 @@ class VerifyingEndpoint:
 
     def __init__(self, store: RemoteStore):
         self.store = store
-        self._dir = tempfile.mkdtemp(prefix="accel-torch-cache-")  # 0700: only this user reaches the socket
-        self.path = os.path.join(self._dir, "redis.sock")
+        sweep_stale_folders()
+        self._dir = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # 0700: only this user reaches the socket
+        self.path = os.path.join(self._dir, SOCKET_NAME)
         self.url = f"unix://{self.path}"
         self._env_ids: list[str] = []  # the environments of the compiled calls in progress (nested: the last)
         self._lock = threading.Lock()
@@ -138,6 +147,42 @@ def _read_command(rfile: BinaryIO) -> list[bytes] | None:
             raise ValueError("the connection ended inside a command")
         args.append(data[:size])
     return args or None
+
+
+def sweep_stale_folders() -> list[str]:
+    """Delete the endpoint folders of this user's processes that are gone: the finalizer that removes a folder
+    runs at a normal exit, not when the process is killed (SIGTERM from a service manager, SIGKILL), which left
+    one folder in the temporary folder per killed worker. A folder counts as gone when no process listens on its
+    socket any more (a pid could be reused; a socket nobody listens on refuses the connection). Folders younger
+    than STALE_AFTER_S, other users' and anything else are left. Returns the paths deleted."""
+    deleted = []
+    for folder in Path(tempfile.gettempdir()).glob(FOLDER_PREFIX + "*"):
+        try:
+            info = folder.lstat()
+        except OSError:
+            continue
+        if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+                or time.time() - info.st_mtime < STALE_AFTER_S or _listened_on(folder / SOCKET_NAME)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        deleted.append(str(folder))
+    if deleted:
+        log.info("[Accel] compile cache: removed %d socket folders of processes killed before their exit (%s)",
+                 len(deleted), tempfile.gettempdir())
+    return deleted
+
+
+def _listened_on(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket `path` (when unsure, as on a timeout: yes)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(2.0)
+        try:
+            client.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True
+    return True
 
 
 def can_serve() -> bool:
