@@ -19,6 +19,7 @@ import contextlib
 import importlib
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -264,13 +265,15 @@ def test_torchs_own_fx_graph_cache_reads_through_the_endpoint_only_what_verifies
             assert remote.remote_store().torch_endpoint() is None and not inductor_config.fx_graph_remote_cache
 
 
-def test_a_socket_folder_that_a_killed_worker_left_is_removed_by_the_next_endpoint(tmp_path, accel_pack,
-                                                                                   monkeypatch):
+def test_a_socket_folder_that_a_killed_worker_left_is_removed_by_the_next_endpoint(accel_pack, monkeypatch, request):
     """A worker killed before its exit (SIGTERM, SIGKILL) leaves its endpoint's folder in the temporary folder, with
     a socket nobody listens on: the next endpoint made on the machine deletes it. A live endpoint's folder stays,
     and so does a folder too young to tell (its process may not have bound its socket yet)."""
     torch_remote = importlib.import_module(accel_pack.__name__ + ".accel.cache.torch_remote")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the test's own temporary folder, not the machine's
+    # a temporary folder of the test's own, not the machine's; short, as a socket's path must be (108 bytes)
+    own = tempfile.mkdtemp(prefix="accel-test-")
+    request.addfinalizer(lambda: shutil.rmtree(own, ignore_errors=True))
+    monkeypatch.setattr(tempfile, "tempdir", own)
 
     def left_by_a_killed_worker(age_s: float) -> Path:
         """What a killed worker leaves: the folder and its bound socket, nobody listening."""
