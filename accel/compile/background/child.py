@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ...thread_names import start_thread
+from .batch_twin import batch_twin
 from .skeleton import load_skeleton
 
 log = logging.getLogger("comfyui_accel")
@@ -136,26 +137,38 @@ def save_precompiled(entry, block, calls: list[bytes], marks: list[set], modes: 
     entry_point = _entry_point(entry.forward, entry.name)
     kwargs_for_compile = compile_kwargs(entry.options, entry.device_type)
     saved, done = 0, set()
-    for call, dims in zip(calls, marks):
-        args, kwargs = load_skeleton(call)  # fresh tensors: the calls above may have changed theirs in place
+
+    def save(args: tuple, kwargs: dict, dims: set) -> None:
+        """One precompiled function for these inputs, unless saved already; raises what torch raises."""
+        nonlocal saved
         key = (input_signature(args, kwargs), tuple(sorted(dims)))
         if key in done:
-            continue
+            return
         done.add(key)
         context = precompiled.context_of(block, entry.forward, args, kwargs)
         name = precompiled.file_name(context, key)
+        with env.compiling(entry.cache_id, entry.name):  # torch's caches: the graphs compiled above
+            function = precompiled.precompile(entry_point, kwargs_for_compile, block, args, kwargs, dims)
+        with env.loading():
+            payload, layout = precompiled.pack(function, precompiled.kernels_of(function, env.inductor_dir))
+        env.save_precompiled(entry.cache_id, name, payload, entry.kind.label,
+                             {"name": name, "format": precompiled.FORMAT, "context": context, **modes, **layout})
+        saved += 1
+
+    for call, dims in zip(calls, marks):
         try:
-            with env.compiling(entry.cache_id, entry.name):  # torch's caches: the graphs compiled above
-                function = precompiled.precompile(entry_point, kwargs_for_compile, block, args, kwargs, dims)
-            with env.loading():
-                payload, layout = precompiled.pack(function, precompiled.kernels_of(function, env.inductor_dir))
+            save(*load_skeleton(call), dims)  # fresh tensors: the calls above may have changed theirs in place
         except Exception as err:  # noqa: BLE001  (the kind still has its graphs in torch's caches)
             why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"
             log.info("[Accel] background compile: %s cannot be precompiled (%s)", entry.kind.label, why)
             return why
-        env.save_precompiled(entry.cache_id, name, payload, entry.kind.label,
-                             {"name": name, "format": precompiled.FORMAT, "context": context, **modes, **layout})
-        saved += 1
+        twin = batch_twin(*load_skeleton(call), dims)
+        if twin is not None:
+            try:
+                save(*twin, dims)
+            except Exception as err:  # noqa: BLE001  (a batch change then needs a job, as without the twin)
+                log.info("[Accel] background compile: %s has no graph for larger batches (%s: %s)",
+                         entry.kind.label, type(err).__name__, str(err).strip()[:200])
     return saved
 
 

@@ -1,0 +1,54 @@
+"""A second graph for a kind met at a batch of 1, saved beside its dynamic one.
+
+A dynamic graph cannot serve a batch it was traced at as 1: Dynamo specialises a size of 1 even where the
+dimension is marked dynamic (its 0/1 specialisation), so the graph's guard wants a batch of exactly 1. Models run
+at cfg 1 (Flux dev, HunyuanVideo, the distilled and Lightning models) call every block at a batch of 1, and a
+later batch change then needed another background job, with that kind eager in the prompt meanwhile. torch's
+ways around the specialisation (`mark_unbacked`, `backed_size_oblivious`) did not compile these blocks in torch
+2.11 (docs/benchmarks/video.md).
+
+So when a child makes a kind's dynamic graph (some dimension changed) from a call at a batch of 1, it also makes
+the graph for that call at a batch of 2: the call's batch-marked inputs of size 1 repeated to 2, where Dynamo
+makes the batch a symbol that serves every batch from 2 up. The twin is only ever called where its guards accept
+the inputs, so a wrong guess (an input whose size 1 is no batch, such as a broadcast table) costs its compile and
+nothing else: such calls fall to the job they needed before.
+"""
+from __future__ import annotations
+
+import torch
+
+TWIN_BATCH = 2
+
+
+def batch_twin(args: tuple, kwargs: dict, dims: set) -> tuple[tuple, dict] | None:
+    """The call's inputs at a batch of TWIN_BATCH, or None when it needs no twin: no dimension is marked dynamic
+    beyond the batch (a first, static graph), or its first tensor (the hidden states) is not at a batch of 1.
+    `dims` are (tensor index, dimension) pairs over the call's tensors in order (*args, *kwargs.values()), as
+    shapes.KindShapes marks them."""
+    tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
+    if not tensors or tensors[0].dim() == 0 or tensors[0].shape[0] != 1 or not any(d != 0 for _, d in dims):
+        return None
+    batch_marked = {index for index, dim in dims if dim == 0}
+    position = -1
+
+    def twin(value):
+        nonlocal position
+        if not isinstance(value, torch.Tensor):
+            return value
+        position += 1
+        if position not in batch_marked or value.dim() == 0 or value.shape[0] != 1:
+            return value
+        return repeated_batch(value, TWIN_BATCH)
+
+    twin_args = tuple(twin(value) for value in args)
+    return twin_args, {name: twin(value) for name, value in kwargs.items()}
+
+
+def repeated_batch(value: torch.Tensor, batch: int) -> torch.Tensor:
+    """`value` (a batch of 1) repeated to `batch`, laid out as the model lays out such a batch: its dimensions in
+    the same order in memory (HunyuanVideo's and Flux's image tokens are a transposed view, the batch outermost).
+    Another layout would be another graph, which the model's calls would not use."""
+    order = sorted(range(value.dim()), key=lambda d: (-value.stride(d), d))  # outermost in memory first
+    dense = value.permute(order).contiguous()
+    repeats = [batch if d == 0 else 1 for d in order]
+    return dense.repeat(*repeats).permute([order.index(d) for d in range(value.dim())])
