@@ -1,11 +1,15 @@
 """Compile Model on every video model family ComfyUI ships: Wan 2.1 and 2.2, HunyuanVideo and LTX-Video (5-D
 latents), as test_compile_families.py does for the image families (tests/family_compile_checks.py); then the
 other options (static and dynamic shapes, whole-model scope) on small DiTs; then the defaults on video as it
-changes: frames, size and batch, each compiled at most once more and never in the sampling's path.
+changes: frames, size and batch, each compiled at most once more and never in the sampling's path, and the inputs
+of the graph a child adds for larger batches where a kind was met at a batch of 1.
 """
 from __future__ import annotations
 
+import importlib
+
 import pytest
+import torch
 
 from compile_helpers import assert_close_to_eager, dynamo_frames, own_kinds
 from tools.families import BY_FAMILY, TRAINED_WAN, load, sample
@@ -90,4 +94,23 @@ def test_video_frames_size_and_batch_compile_once_off_the_prompt_path(engine, ac
         background.wait(timeout=900)
         assert dynamo_frames() == frames, f"{name} with DeepCache, run {run + 1}: this process compiled"
     assert len(background.stats()["finished"]) == jobs, f"{name} with DeepCache: the second run compiled"
+
+
+def test_the_batch_twin_repeats_a_batch_of_1_in_the_models_layout(accel_pack):
+    """What the child compiles beside a dynamic graph made at a batch of 1 (background/batch_twin.py): the inputs
+    marked on their batch repeated to 2, each with the strides a real batch of 2 has (HunyuanVideo's image tokens
+    are a transposed view: another layout would be a graph the model never calls), the rest untouched; nothing
+    for a first, static graph or a call already at a batch of 2."""
+    twin_module = importlib.import_module(accel_pack.__name__ + ".accel.compile.background.batch_twin")
+    tokens = torch.randn(1, 64, 8).transpose(1, 2)  # [1, 8, 64] laid out as HunyuanVideo's img
+    table = torch.randn(1, 5)  # not marked on its batch
+    dims = {(0, 0), (0, 1), (1, 0)}
+    twin_args, twin_kwargs = twin_module.batch_twin((tokens,), {"vec": torch.randn(1, 8), "table": table,
+                                                                "steps": 3}, dims)
+    (twin_tokens,) = twin_args
+    assert twin_tokens.shape == (2, 8, 64) and twin_tokens.stride() == torch.randn(2, 64, 8).transpose(1, 2).stride()
+    assert torch.equal(twin_tokens[0], tokens[0]) and torch.equal(twin_tokens[1], tokens[0])
+    assert twin_kwargs["vec"].shape == (2, 8) and twin_kwargs["table"] is table and twin_kwargs["steps"] == 3
+    assert twin_module.batch_twin((tokens,), {}, {(0, 0)}) is None  # only the batch marked: a first graph
+    assert twin_module.batch_twin((torch.randn(2, 8, 64),), {}, dims) is None  # a batch of 2 already
 
