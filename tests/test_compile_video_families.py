@@ -113,4 +113,3 @@ def test_the_batch_twin_repeats_a_batch_of_1_in_the_models_layout(accel_pack):
     assert twin_kwargs["vec"].shape == (2, 8) and twin_kwargs["table"] is table and twin_kwargs["steps"] == 3
     assert twin_module.batch_twin((tokens,), {}, {(0, 0)}) is None  # only the batch marked: a first graph
     assert twin_module.batch_twin((torch.randn(2, 8, 64),), {}, dims) is None  # a batch of 2 already
-

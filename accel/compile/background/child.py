@@ -120,9 +120,10 @@ def compile_item(item: dict, registry) -> dict:
 def save_precompiled(entry, block, calls: list[bytes], marks: list[set], modes: dict) -> int | str:
     """Save the kind's graph for each call's layouts as a precompiled function (compile/precompiled.py), after the
     compiled calls above (its graphs then come from torch's caches they filled), under the grad and inference
-    modes of the captured call (`modes`, kept in each file: its guards are rebuilt under them when loaded). The
-    number saved, or why none (torch without it, a block that does not compile whole): the kind then loads the old
-    way in ComfyUI's process."""
+    modes of the captured call (`modes`, kept in each file: its guards are rebuilt under them when loaded); beside
+    a dynamic graph made at a batch of 1, its twin for larger batches (batch_twin.py), compiled here. The number
+    saved, or why none (torch without it, a block that does not compile whole): the kind then loads the old way in
+    ComfyUI's process."""
     from ...cache import COMPILE_CACHE
     from .. import precompiled
     from ..kinds import _entry_point, compile_kwargs
@@ -147,7 +148,7 @@ def save_precompiled(entry, block, calls: list[bytes], marks: list[set], modes: 
         done.add(key)
         context = precompiled.context_of(block, entry.forward, args, kwargs)
         name = precompiled.file_name(context, key)
-        with env.compiling(entry.cache_id, entry.name):  # torch's caches: the graphs compiled above
+        with env.compiling(entry.cache_id, entry.name):  # torch's caches: the graphs compiled above (not a twin's)
             function = precompiled.precompile(entry_point, kwargs_for_compile, block, args, kwargs, dims)
         with env.loading():
             payload, layout = precompiled.pack(function, precompiled.kernels_of(function, env.inductor_dir))
