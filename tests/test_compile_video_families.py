@@ -100,16 +100,18 @@ def test_the_batch_twin_repeats_a_batch_of_1_in_the_models_layout(accel_pack):
     """What the child compiles beside a dynamic graph made at a batch of 1 (background/batch_twin.py): the inputs
     marked on their batch repeated to 2, each with the strides a real batch of 2 has (HunyuanVideo's image tokens
     are a transposed view: another layout would be a graph the model never calls), the rest untouched; nothing
-    for a first, static graph or a call already at a batch of 2."""
+    for a first, static graph, a call already at a batch of 2, or a kind whose job also replays a larger batch."""
     twin_module = importlib.import_module(accel_pack.__name__ + ".accel.compile.background.batch_twin")
     tokens = torch.randn(1, 64, 8).transpose(1, 2)  # [1, 8, 64] laid out as HunyuanVideo's img
     table = torch.randn(1, 5)  # not marked on its batch
     dims = {(0, 0), (0, 1), (1, 0)}
     twin_args, twin_kwargs = twin_module.batch_twin((tokens,), {"vec": torch.randn(1, 8), "table": table,
-                                                                "steps": 3}, dims)
+                                                                "steps": 3}, dims, {1})
     (twin_tokens,) = twin_args
     assert twin_tokens.shape == (2, 8, 64) and twin_tokens.stride() == torch.randn(2, 64, 8).transpose(1, 2).stride()
     assert torch.equal(twin_tokens[0], tokens[0]) and torch.equal(twin_tokens[1], tokens[0])
     assert twin_kwargs["vec"].shape == (2, 8) and twin_kwargs["table"] is table and twin_kwargs["steps"] == 3
-    assert twin_module.batch_twin((tokens,), {}, {(0, 0)}) is None  # only the batch marked: a first graph
-    assert twin_module.batch_twin((torch.randn(2, 8, 64),), {}, dims) is None  # a batch of 2 already
+    assert twin_module.batch_twin((tokens,), {}, {(0, 0)}, {1}) is None  # only the batch marked: a first graph
+    assert twin_module.batch_twin((torch.randn(2, 8, 64),), {}, dims, {2}) is None  # a batch of 2 already
+    # a kind first met at a batch of 2 (cfg 5, then cfg 1): its dynamic graph for larger batches is not repeated
+    assert twin_module.batch_twin((tokens,), {}, dims, {2, 1}) is None

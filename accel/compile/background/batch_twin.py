@@ -7,11 +7,11 @@ later batch change then needed another background job, with that kind eager in t
 ways around the specialisation (`mark_unbacked`, `backed_size_oblivious`) did not compile these blocks in torch
 2.11 (docs/benchmarks/video.md).
 
-So when a child makes a kind's dynamic graph (some dimension changed) from a call at a batch of 1, it also makes
-the graph for that call at a batch of 2: the call's batch-marked inputs of size 1 repeated to 2, where Dynamo
-makes the batch a symbol that serves every batch from 2 up. The twin is only ever called where its guards accept
-the inputs, so a wrong guess (an input whose size 1 is no batch, such as a broadcast table) costs its compile and
-nothing else: such calls fall to the job they needed before.
+So when a child makes a kind's dynamic graph (some dimension changed) from a call at a batch of 1, of a kind first
+met at a batch of 1, it also makes the graph for that call at a batch of 2: the call's batch-marked inputs of size 1
+repeated to 2, where Dynamo makes the batch a symbol that serves every batch from 2 up. The twin is only ever called
+where its guards accept the inputs, so a wrong guess (an input whose size 1 is no batch, such as a broadcast table)
+costs its compile and nothing else: such calls fall to the job they needed before.
 """
 from __future__ import annotations
 
@@ -20,13 +20,20 @@ import torch
 TWIN_BATCH = 2
 
 
-def batch_twin(args: tuple, kwargs: dict, dims: set) -> tuple[tuple, dict] | None:
-    """The call's inputs at a batch of TWIN_BATCH, or None when it needs no twin: no dimension is marked dynamic
-    beyond the batch (a first, static graph), or its first tensor (the hidden states) is not at a batch of 1.
-    `dims` are (tensor index, dimension) pairs over the call's tensors in order (*args, *kwargs.values()), as
-    shapes.KindShapes marks them."""
+def batch_of(args: tuple, kwargs: dict) -> int | None:
+    """A call's batch: its first tensor's (the hidden states') first dimension."""
     tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
-    if not tensors or tensors[0].dim() == 0 or tensors[0].shape[0] != 1 or not any(d != 0 for _, d in dims):
+    return tensors[0].shape[0] if tensors and tensors[0].dim() else None
+
+
+def batch_twin(args: tuple, kwargs: dict, dims: set, job_batches: set) -> tuple[tuple, dict] | None:
+    """The call's inputs at a batch of TWIN_BATCH, or None when it needs no twin: no dimension is marked dynamic
+    beyond the batch (a first, static graph), or the kind's calls in this job (`job_batches`, batch_of each; the
+    first is the kind's first call, replayed) were not all at a batch of 1. A kind first met at a larger batch
+    (cfg 1 after cfg 5) has, or gets with its next change, a dynamic graph for larger batches: a twin would repeat
+    it. `dims` are (tensor index, dimension) pairs over the call's tensors in order (*args, *kwargs.values()), as
+    shapes.KindShapes marks them."""
+    if job_batches != {1} or batch_of(args, kwargs) != 1 or not any(d != 0 for _, d in dims):
         return None
     batch_marked = {index for index, dim in dims if dim == 0}
     position = -1

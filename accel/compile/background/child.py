@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ...thread_names import start_thread
-from .batch_twin import batch_twin
+from .batch_twin import batch_of, batch_twin
 from .skeleton import load_skeleton
 
 log = logging.getLogger("comfyui_accel")
@@ -99,13 +99,15 @@ def compile_item(item: dict, registry) -> dict:
     entry.shapes.dynamic_dims.update(tuple(d) for d in item.get("dynamic_dims", ()))
     start = time.perf_counter()
     marks = []  # per call, the dimensions its compiled call marked dynamic
+    batches = set()  # the calls' batches (batch_twin.batch_of)
     with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]):
         for call in item["calls"]:
             args, kwargs = load_skeleton(call)
+            batches.add(batch_of(args, kwargs))
             entry.run_compiled(block, lambda: (args, kwargs), args, kwargs)  # noqa: B023
             marks.append(set(entry.shapes.dynamic_dims))
         compiled_seconds = time.perf_counter() - start
-        precompiled = None if entry.failure else save_precompiled(entry, block, item["calls"], marks,
+        precompiled = None if entry.failure else save_precompiled(entry, block, item["calls"], marks, batches,
                                                                    {"grad": item["grad"],
                                                                     "inference": item["inference"]})
     result = {"cache_id": entry.cache_id, "kind": entry.kind.label, "failure": entry.failure,
@@ -117,13 +119,13 @@ def compile_item(item: dict, registry) -> dict:
     return result
 
 
-def save_precompiled(entry, block, calls: list[bytes], marks: list[set], modes: dict) -> int | str:
+def save_precompiled(entry, block, calls: list[bytes], marks: list[set], batches: set, modes: dict) -> int | str:
     """Save the kind's graph for each call's layouts as a precompiled function (compile/precompiled.py), after the
-    compiled calls above (its graphs then come from torch's caches they filled), under the grad and inference
-    modes of the captured call (`modes`, kept in each file: its guards are rebuilt under them when loaded); beside
-    a dynamic graph made at a batch of 1, its twin for larger batches (batch_twin.py), compiled here. The number
-    saved, or why none (torch without it, a block that does not compile whole): the kind then loads the old way in
-    ComfyUI's process."""
+    compiled calls above (its graphs then come from torch's caches they filled), under the grad and inference modes
+    of the captured call (`modes`, kept in each file: its guards are rebuilt under them when loaded); beside a
+    dynamic graph made at a batch of 1, its twin for larger batches (batch_twin.py, given the calls' `batches`),
+    compiled here. The number saved, or why none (torch without it, a block that does not compile whole): the kind
+    then loads the old way in ComfyUI's process."""
     from ...cache import COMPILE_CACHE
     from .. import precompiled
     from ..kinds import _entry_point, compile_kwargs
@@ -163,7 +165,7 @@ def save_precompiled(entry, block, calls: list[bytes], marks: list[set], modes: 
             why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"
             log.info("[Accel] background compile: %s cannot be precompiled (%s)", entry.kind.label, why)
             return why
-        twin = batch_twin(*load_skeleton(call), dims)
+        twin = batch_twin(*load_skeleton(call), dims, batches)
         if twin is not None:
             try:
                 save(*twin, dims)
