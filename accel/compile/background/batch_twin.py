@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import torch
 
+from ..shapes import tensor_shapes
+
 TWIN_BATCH = 2
 
 
 def batch_of(args: tuple, kwargs: dict) -> int | None:
     """A call's batch: its first tensor's (the hidden states') first dimension."""
-    tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
-    return tensors[0].shape[0] if tensors and tensors[0].dim() else None
+    shapes = tensor_shapes(args, kwargs)
+    return shapes[0][0] if shapes and shapes[0] else None
 
 
 def batch_twin(args: tuple, kwargs: dict, dims: set, job_batches: set) -> tuple[tuple, dict] | None:
