@@ -38,19 +38,13 @@ def batch_twin(args: tuple, kwargs: dict, dims: set, job_batches: set) -> tuple[
     if job_batches != {1} or batch_of(args, kwargs) != 1 or not any(d != 0 for _, d in dims):
         return None
     batch_marked = {index for index, dim in dims if dim == 0}
-    position = -1
-
-    def twin(value):
-        nonlocal position
-        if not isinstance(value, torch.Tensor):
-            return value
-        position += 1
-        if position not in batch_marked or value.dim() == 0 or value.shape[0] != 1:
-            return value
-        return repeated_batch(value, TWIN_BATCH)
-
-    twin_args = tuple(twin(value) for value in args)
-    return twin_args, {name: twin(value) for name, value in kwargs.items()}
+    values = [*args, *kwargs.values()]
+    tensor_at = [i for i, value in enumerate(values) if isinstance(value, torch.Tensor)]  # dims' indices to values
+    for index in batch_marked & set(range(len(tensor_at))):
+        value = values[tensor_at[index]]
+        if value.dim() and value.shape[0] == 1:
+            values[tensor_at[index]] = repeated_batch(value, TWIN_BATCH)
+    return tuple(values[:len(args)]), dict(zip(kwargs, values[len(args):]))
 
 
 def repeated_batch(value: torch.Tensor, batch: int) -> torch.Tensor:
