@@ -96,11 +96,12 @@ def test_video_frames_size_and_batch_compile_once_off_the_prompt_path(engine, ac
     assert len(background.stats()["finished"]) == jobs, f"{name} with DeepCache: the second run compiled"
 
 
-def test_the_batch_twin_repeats_a_batch_of_1_in_the_models_layout(accel_pack):
+def test_the_batch_twin_repeats_a_batch_of_1_in_the_models_layout(accel_pack, monkeypatch):
     """What the child compiles beside a dynamic graph made at a batch of 1 (background/batch_twin.py): the inputs
     marked on their batch repeated to 2, each with the strides a real batch of 2 has (HunyuanVideo's image tokens
     are a transposed view: another layout would be a graph the model never calls), the rest untouched; nothing
-    for a first, static graph, a call already at a batch of 2, or a kind whose job also replays a larger batch."""
+    for a first, static graph, a call already at a batch of 2, a kind whose job also replays a larger batch, or
+    with the switch ACCEL_DISABLE_BATCH_TWIN=1 (and the twin again with it at 0)."""
     twin_module = importlib.import_module(accel_pack.__name__ + ".accel.compile.background.batch_twin")
     tokens = torch.randn(1, 64, 8).transpose(1, 2)  # [1, 8, 64] laid out as HunyuanVideo's img
     table = torch.randn(1, 5)  # not marked on its batch
@@ -115,3 +116,8 @@ def test_the_batch_twin_repeats_a_batch_of_1_in_the_models_layout(accel_pack):
     assert twin_module.batch_twin((torch.randn(2, 8, 64),), {}, dims, {2}) is None  # a batch of 2 already
     # a kind first met at a batch of 2 (cfg 5, then cfg 1): its dynamic graph for larger batches is not repeated
     assert twin_module.batch_twin((tokens,), {}, dims, {2, 1}) is None
+    monkeypatch.setenv(twin_module.SWITCH, "1")
+    assert twin_module.SWITCH == "ACCEL_DISABLE_BATCH_TWIN"  # the name README gives users
+    assert twin_module.batch_twin((tokens,), {}, dims, {1}) is None
+    monkeypatch.setenv(twin_module.SWITCH, "0")
+    assert twin_module.batch_twin((tokens,), {}, dims, {1}) is not None

@@ -11,15 +11,21 @@ So when a child makes a kind's dynamic graph (some dimension changed) from a cal
 met at a batch of 1, it also makes the graph for that call at a batch of 2: the call's batch-marked inputs of size 1
 repeated to 2, where Dynamo makes the batch a symbol that serves every batch from 2 up. The twin is only ever called
 where its guards accept the inputs, so a wrong guess (an input whose size 1 is no batch, such as a broadcast table)
-costs its compile and nothing else: such calls fall to the job they needed before.
+costs its compile and nothing else: such calls fall to the job they needed before. Only tensors passed directly
+are repeated: a batch inside a tuple (Chroma's modulation vectors) stays 1, so that twin is refused and a batch
+change there costs a job, as before. `ACCEL_DISABLE_BATCH_TWIN=1` (in ComfyUI's environment, which the children
+inherit) makes no twin: a user who never changes the batch saves its compile.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
 from ..shapes import tensor_shapes
 
 TWIN_BATCH = 2
+SWITCH = "ACCEL_DISABLE_BATCH_TWIN"
 
 
 def batch_of(args: tuple, kwargs: dict) -> int | None:
@@ -34,7 +40,9 @@ def batch_twin(args: tuple, kwargs: dict, dims: set, job_batches: set) -> tuple[
     first is the kind's first call, replayed) were not all at a batch of 1. A kind first met at a larger batch
     (cfg 1 after cfg 5) has, or gets with its next change, a dynamic graph for larger batches: a twin would repeat
     it. `dims` are (tensor index, dimension) pairs over the call's tensors in order (*args, *kwargs.values()), as
-    shapes.KindShapes marks them."""
+    shapes.KindShapes marks them. None too where SWITCH turns twins off."""
+    if os.environ.get(SWITCH, "") not in ("", "0"):
+        return None
     if job_batches != {1} or batch_of(args, kwargs) != 1 or not any(d != 0 for _, d in dims):
         return None
     batch_marked = {index for index, dim in dims if dim == 0}
