@@ -12,13 +12,17 @@ import torch
 
 
 def input_signature(args: tuple, kwargs: dict) -> tuple:
-    """What of a call's inputs Dynamo guards on: tensor shapes, layouts, dtypes and devices, whether each is an
-    inference tensor, scalar values, grad mode. (Layout as contiguous or not: a transposed input is another graph,
-    Wan's first block gets one. An inference tensor has other dispatch keys: the same UNet block got normal
-    hidden states in one prompt and inference ones in another of a mixed run, bench/soak.py.)"""
+    """What of a call's inputs Dynamo guards on: tensor shapes, strides, dtypes and devices, whether each is an
+    inference tensor, scalar values, grad mode. (Strides, not only contiguous or not: a transposed input is
+    another graph, Wan's first block gets one; and Dynamo guards every stride, a size-1 dimension's too, so a
+    slice of a table whose length follows the image, as Lumina 2's context refiner gets its rope table, is another
+    graph at each image size although its shape and contiguity stay. Two such calls under one signature made the
+    second one compile in the prompt: the child had made the graph under the first's name. An inference tensor has
+    other dispatch keys: the same UNet block got normal hidden states in one prompt and inference ones in another
+    of a mixed run, bench/soak.py.)"""
     def describe(value):
         if isinstance(value, torch.Tensor):
-            return (tuple(value.shape), value.dtype, value.device, value.is_contiguous(), value.is_inference())
+            return (tuple(value.shape), tuple(value.stride()), value.dtype, value.device, value.is_inference())
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
         return type(value)
