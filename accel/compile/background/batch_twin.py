@@ -10,11 +10,12 @@ ways around the specialisation (`mark_unbacked`, `backed_size_oblivious`) did no
 So when a child makes a kind's dynamic graph (some dimension changed) from a call at a batch of 1, of a kind first
 met at a batch of 1, it also makes the graph for that call at a batch of 2: the call's batch-marked inputs of size 1
 repeated to 2, where Dynamo makes the batch a symbol that serves every batch from 2 up. The twin is only ever called
-where its guards accept the inputs, so a wrong guess (an input whose size 1 is no batch, such as a broadcast table)
-costs its compile and nothing else: such calls fall to the job they needed before. Only tensors passed directly
-are repeated: a batch inside a tuple (Chroma's modulation vectors) stays 1, so that twin is refused and a batch
-change there costs a job, as before. `ACCEL_DISABLE_BATCH_TWIN=1` (in ComfyUI's environment, which the children
-inherit) makes no twin: a user who never changes the batch saves its compile.
+where its guards accept the inputs, so a wrong guess (an input whose size 1 is no batch, such as a broadcast table:
+Wan's rope table `freqs` is at a batch of 1 at every batch) costs its compile and nothing else: such calls fall to
+the job they needed before. Only tensors passed directly are repeated: a batch inside a tuple (Chroma's modulation
+vectors) stays 1, so that twin is refused and a batch change there costs a job, as before.
+`ACCEL_DISABLE_BATCH_TWIN=1` (in ComfyUI's environment, which the children inherit) makes no twin: a user who never
+changes the batch saves its compile.
 """
 from __future__ import annotations
 
