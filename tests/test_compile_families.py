@@ -19,13 +19,14 @@ def test_compile_model_on_every_image_family(engine, comfy_nodes, family):
     check_compile_model_on_family(engine, comfy_nodes, family)
 
 
-def test_a_size_change_on_lumina2_compiles_nothing_in_the_prompt(engine, comfy_nodes):
-    """Lumina 2 (and Z-Image, its family) gives its context refiner a slice of a rope table as long as the caption
-    and the image together: at another image size that input keeps its shape and contiguity and changes a stride,
-    which Dynamo guards. With the defaults, the new size runs eagerly while a child compiles it, and once the child
-    is done the same prompt runs from the child's graphs, equal to eager, with no Dynamo frame in this process (the
-    second prompt compiled the refiner here before the calls' signatures held strides). Then a batch change, the
-    same. At cfg 1 (one call at a batch of 1), where the table's batch dimension is a size 1."""
+def test_a_size_change_on_lumina2_compiles_nothing(engine, comfy_nodes):
+    """Lumina 2 (and Z-Image, its family) gives its context refiner the first caption-length rows of a rope table
+    as long as caption and image together: at another image size that input keeps its shape and contiguity, and
+    the strides of its batch and head dimensions (both of size 1) change, which Dynamo guards. With the defaults at
+    cfg 1 (one call at a batch of 1) the compiled call gets those strides steady (shapes.steady_unit_strides), so
+    the size change needs no graph: no job, no Dynamo frame in this process, equal to eager. (Before, the new
+    strides went to a child under the first call's signature, and the prompt after the child compiled the refiner
+    here.) Then a batch change runs eagerly while a child compiles it, and compiles nothing here either."""
     family = BY_FAMILY["lumina2"]
     model = load(comfy_nodes, family)
     auto = engine.compile_model(model, engine.CompileOptions())
@@ -35,8 +36,40 @@ def test_a_size_change_on_lumina2_compiles_nothing_in_the_prompt(engine, comfy_n
     frames = dynamo_frames()
     for latent_shape in (shape, resized, (2 * shape[0], *resized[1:])):
         eager = sample(model, family, steps=1, cfg=1.0, latent_shape=latent_shape)
+        jobs = len(background.stats()["finished"])
         for run in ("first", "after the child"):
             out = sample(auto, family, steps=1, cfg=1.0, latent_shape=latent_shape)
             assert_close_to_eager(out, eager, f"lumina2 at {latent_shape}, {run}")
             assert dynamo_frames() == frames, f"lumina2 at {latent_shape}, {run}: this process compiled"
             assert background.wait(timeout=900), "the background compile did not finish"
+        if latent_shape == resized:
+            assert len(background.stats()["finished"]) == jobs, f"the size change needed graphs: {background.stats()}"
+
+
+def test_a_calls_signature_tells_apart_the_strides_dynamo_guards(engine):
+    """Slices of tables of two lengths, of one shape and contiguity, as Lumina 2's refiner gets at two image sizes:
+    Dynamo compiles each (its own frame counter), so their signatures differ and a child's graph for the second
+    gets a name of its own (at a batch of 2, where the stride that changes is a size-2 dimension's). Where only
+    size-1 dimensions' strides differ (a batch of 1), the steady view of each is the same elements and one graph."""
+    import torch
+    from torch._dynamo.testing import CompileCounter
+
+    shapes = engine.shapes
+
+    def frames(function, inputs) -> int:  # each case its own function: Dynamo keeps its graphs per code object
+        counter = CompileCounter()
+        compiled = torch.compile(function, backend=counter, dynamic=False)
+        for x in inputs:
+            compiled(x)
+        return counter.frame_count
+
+    at_2 = torch.randn(2, 100, 8)[:, :10], torch.randn(2, 200, 8)[:, :10]
+    at_1 = torch.randn(1, 100, 8)[:, :10], torch.randn(1, 200, 8)[:, :10]
+    for pair in (at_2, at_1):
+        assert pair[0].shape == pair[1].shape and pair[0].is_contiguous() == pair[1].is_contiguous()
+        assert shapes.input_signature((pair[0],), {}) != shapes.input_signature((pair[1],), {})
+    assert frames(lambda x: x * 2, at_2) == 2 and frames(lambda x: x * 3, at_1) == 2, "one graph served both"
+    steady = [shapes.steady_unit_strides((x,), {})[0][0] for x in at_1]
+    assert all(torch.equal(s, x) and s.data_ptr() == x.data_ptr() for s, x in zip(steady, at_1))
+    assert shapes.input_signature((steady[0],), {}) == shapes.input_signature((steady[1],), {})
+    assert frames(lambda x: x * 4, steady) == 1, "the steady views still needed two graphs"

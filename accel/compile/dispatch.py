@@ -17,7 +17,7 @@ from .blocks import BlockSite, block_safe_options, whole_model_safe_options
 from .kinds import WOULD_COMPILE, KindEntry, wait_for_device
 from .registry import REGISTRY
 from .routes import CallPlan, Route
-from .shapes import input_signature, tensor_shapes
+from .shapes import input_signature, steady_unit_strides, tensor_shapes
 
 PATCHED = "another node patched the attention or the UNet"
 IN_BACKGROUND = "compiling in the background"
@@ -172,13 +172,13 @@ class BlockDispatcher:
         must run eagerly (another node patched what the block computes)."""
         options, with_options = self.site.options_of_call(args, kwargs)
         if with_options is None:
-            return lambda: (args, kwargs)
+            return lambda: steady_unit_strides(args, kwargs)
         options = options or {}
         safe = whole_model_safe_options(options) if self.site.whole_model else block_safe_options(options)
         if safe is None:
             return None
         # fresh each call: blocks write into their transformer_options
-        return lambda: with_options(compiled_block_options(self.allow_sdpa))
+        return lambda: steady_unit_strides(*with_options(compiled_block_options(self.allow_sdpa)))
 
     def _new_shape_in_background(self, make_call) -> bool:
         """For a kind with graph breaks (no `can_refuse_compiles`): True when this call of a compiled kind runs

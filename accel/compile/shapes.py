@@ -31,6 +31,35 @@ def input_signature(args: tuple, kwargs: dict) -> tuple:
             tuple((k, describe(v)) for k, v in kwargs.items()))
 
 
+def steady_unit_strides(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call's inputs, each tensor whose dimensions of size 1 have strides other than a fresh tensor of its
+    layout would give them (the extent of the dimensions after each) as a view of the same elements with those
+    strides. Such a stride addresses nothing, yet Dynamo guards it: Lumina 2's context refiner gets the first
+    caption-length rows of a rope table as long as caption and image together, whose batch and head dimensions
+    (both of size 1) carry the table's length, so each image size would be another graph of the same shapes
+    (input_signature holds strides), compiled by a child once per size. The view (`as_strided` over the same
+    storage and offset) reads and writes exactly the elements the input does."""
+    if not any(_steady_strides(v) for v in (*args, *kwargs.values())):
+        return args, kwargs
+
+    def steady(value):
+        strides = _steady_strides(value)
+        return value.as_strided(value.shape, strides, value.storage_offset()) if strides else value
+
+    return tuple(steady(a) for a in args), {k: steady(v) for k, v in kwargs.items()}
+
+
+def _steady_strides(value) -> tuple | None:
+    """A tensor's strides with each size-1 dimension's made the extent of the dimensions after it, where that
+    changes one; else None."""
+    if not isinstance(value, torch.Tensor) or not value.numel() or 1 not in value.shape:
+        return None
+    shape, strides = value.shape, value.stride()
+    steady = tuple(max((strides[e] * shape[e] for e in range(d + 1, len(shape)) if shape[e] != 1), default=1)
+                   if shape[d] == 1 else strides[d] for d in range(len(shape)))
+    return steady if steady != strides else None
+
+
 def tensor_shapes(args: tuple, kwargs: dict) -> tuple:
     """The shapes of a call's tensor inputs, in order: what a kind's timing and its dynamic marks compare."""
     return tuple(tuple(t.shape) for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
