@@ -33,6 +33,17 @@ def input_signature(args: tuple, kwargs: dict) -> tuple:
             tuple((k, describe(v)) for k, v in kwargs.items()))
 
 
+def call_values(args: tuple, kwargs: dict) -> list:
+    """A call's inputs in one list: the positional ones, then the keyword ones in their order. The order the
+    tensor indices of `tensor_shapes` and KindShapes' dynamic marks count in."""
+    return [*args, *kwargs.values()]
+
+
+def with_values(args: tuple, kwargs: dict, values: list) -> tuple[tuple, dict]:
+    """The call (args, kwargs) with its inputs replaced by `values`, given in `call_values`' order."""
+    return tuple(values[:len(args)]), dict(zip(kwargs, values[len(args):]))
+
+
 def steady_unit_strides(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The call's inputs, each tensor whose dimensions of size 1 have strides other than a fresh tensor of its
     layout would give them (the extent of the dimensions after each) as a view of the same elements with those
@@ -41,12 +52,12 @@ def steady_unit_strides(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     (both of size 1) carry the table's length, so each image size would be another graph of the same shapes
     (input_signature holds strides), compiled by a child once per size. The view (`as_strided` over the same
     storage and offset) reads and writes exactly the elements the input does."""
-    values = (*args, *kwargs.values())
+    values = call_values(args, kwargs)
     found = [_steady_strides(v) for v in values]
     if not any(found):
         return args, kwargs
-    steady = [v.as_strided(v.shape, s, v.storage_offset()) if s else v for v, s in zip(values, found)]
-    return tuple(steady[:len(args)]), dict(zip(kwargs, steady[len(args):]))
+    return with_values(args, kwargs, [v.as_strided(v.shape, s, v.storage_offset()) if s else v
+                                       for v, s in zip(values, found)])
 
 
 def _steady_strides(value) -> tuple | None:

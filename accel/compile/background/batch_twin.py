@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from ..shapes import tensor_shapes
+from ..shapes import call_values, tensor_shapes, with_values
 
 TWIN_BATCH = 2
 SWITCH = "ACCEL_DISABLE_BATCH_TWIN"
@@ -47,13 +47,13 @@ def batch_twin(args: tuple, kwargs: dict, dims: set, job_batches: set) -> tuple[
     if job_batches != {1} or batch_of(args, kwargs) != 1 or not any(d != 0 for _, d in dims):
         return None
     batch_marked = {index for index, dim in dims if dim == 0}
-    values = [*args, *kwargs.values()]
+    values = call_values(args, kwargs)
     tensor_at = [i for i, value in enumerate(values) if isinstance(value, torch.Tensor)]  # dims' indices to values
     for index in batch_marked & set(range(len(tensor_at))):
         value = values[tensor_at[index]]
         if value.dim() and value.shape[0] == 1:
             values[tensor_at[index]] = repeated_batch(value, TWIN_BATCH)
-    return tuple(values[:len(args)]), dict(zip(kwargs, values[len(args):]))
+    return with_values(args, kwargs, values)
 
 
 def repeated_batch(value: torch.Tensor, batch: int) -> torch.Tensor:
