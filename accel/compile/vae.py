@@ -22,7 +22,7 @@ from .blocks import BlockKind
 from .dispatch import (IN_BACKGROUND, LOADS_BETWEEN_PROMPTS, NEW_SHAPE_IN_BACKGROUND, new_shape_goes_to_child,
                        run_on_chosen_path)
 from .kinds import WOULD_COMPILE, KindEntry
-from .shapes import input_signature
+from .shapes import input_signature, steady_unit_strides
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
 from .registry import REGISTRY
@@ -63,8 +63,14 @@ class CompiledMethod:
                 telemetry.record("compile_vae", "moved", method=self.method)
 
     def _run(self, entry: KindEntry, options: CompileOptions, policy, device, args: tuple, kwargs: dict):
+        # the compiled call's inputs built as a block's are (dispatch.BlockDispatcher._make_call): size-1 dimensions
+        # get steady strides (shapes.steady_unit_strides). A latent or image batch is a fresh tensor, so today this
+        # changes nothing here; it keeps the two routes' compiled calls, captures and signatures alike.
+        def make_call():
+            return steady_unit_strides(args, kwargs)
+
         def run_compiled():
-            return entry.run_compiled(self.module, lambda: (args, kwargs), args, kwargs)
+            return entry.run_compiled(self.module, make_call, args, kwargs)
 
         always = options.choose == "always compiled"
         background = not always and options.compiles_in_background and policy.allows("background_compile")
@@ -74,7 +80,7 @@ class CompiledMethod:
                         compiles_in_background=background).fill_routes([entry])
         route = plan.routes[entry.key]
         if route is Route.BACKGROUND:
-            if self._compiling_in_background(entry, args, kwargs, device):
+            if self._compiling_in_background(entry, make_call, device):
                 return entry.run_eager(self.module, args, kwargs, IN_BACKGROUND)
             route = plan.reroute(entry)  # it could not be sent: compiled here
         if route is Route.LOADING:
@@ -83,23 +89,23 @@ class CompiledMethod:
             return run_compiled()
         if route is Route.CHOSEN_OFF_PROMPT and entry.can_refuse_compiles:
             return run_on_chosen_path(entry, self.module, args, kwargs, device.type,
-                                      lambda: self._compiled_or_eager(entry, args, kwargs, device))
+                                      lambda: self._compiled_or_eager(entry, make_call, args, kwargs, device))
         return run_on_chosen_path(entry, self.module, args, kwargs, device.type, run_compiled)
 
-    def _compiled_or_eager(self, entry: KindEntry, args: tuple, kwargs: dict, device):
+    def _compiled_or_eager(self, entry: KindEntry, make_call, args: tuple, kwargs: dict, device):
         """A decode (or encode) of a new size does not compile in the prompt: as a block's call (dispatch.py)."""
-        out = entry.run_compiled(self.module, lambda: (args, kwargs), args, kwargs, may_compile=False)
+        out = entry.run_compiled(self.module, make_call, args, kwargs, may_compile=False)
         if out is not WOULD_COMPILE:
             return out
         captures = {}
-        if not new_shape_goes_to_child(entry, self.module, self.method, lambda: (args, kwargs), captures):
-            return entry.run_compiled(self.module, lambda: (args, kwargs), args, kwargs)
+        if not new_shape_goes_to_child(entry, self.module, self.method, make_call, captures):
+            return entry.run_compiled(self.module, make_call, args, kwargs)
         if captures:
             BACKGROUND.launch(list(captures.values()), COMPILE_CACHE.environment(device.type).dir,
                               hold=hold_until_idle(device.type))
         return entry.run_eager(self.module, args, kwargs, NEW_SHAPE_IN_BACKGROUND)
 
-    def _compiling_in_background(self, entry: KindEntry, args: tuple, kwargs: dict, device) -> bool:
+    def _compiling_in_background(self, entry: KindEntry, make_call, device) -> bool:
         """True while this VAE kind compiles in a child, and for the call that sends it there (its first, when
         the kind is cold). On a CPU with few cores the child starts once this process is idle (the decode and
         the rest of the prompt done: background/idle_gate.py), as the sampler's do."""
@@ -107,7 +113,8 @@ class CompiledMethod:
             return entry.background.waiting
         capture = Capture.in_this_call(entry, self.module, self.method)
         entry.background.capture()
-        capture.add_call(input_signature(args, kwargs), args, kwargs)
+        call_args, call_kwargs = make_call()
+        capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
         return BACKGROUND.launch([capture], COMPILE_CACHE.environment(device.type).dir,
                                  hold=hold_until_idle(device.type))
 
