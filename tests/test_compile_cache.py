@@ -2,7 +2,7 @@
 third loads whole; a damaged entry (one of the pack's artifacts, torch's FX graphs) is skipped and rebuilt, damaged
 torch files are set aside and rebuilt from the artifacts; precompile warms a later server's workflow, export/import
 moves the cache, the size cap evicts least recently used, and an unwritable directory or a failing first run never
-costs the prompt.
+costs the prompt. A block carrying ComfyUI 0.33's load-time dtype records precompiles and loads.
 
 The cross-process tests share one cache directory (module scope) and run in order: two cold processes at once and a
 warm third, damaged entries, damaged torch files, then precompile at a new size and a server workflow at that size,
@@ -344,6 +344,34 @@ def test_first_compiled_run_that_raises_falls_back_to_eager(engine_and_nodes, ca
     assert all("ACCEL_DISABLE_COMPILE=1" in w for w in warnings)
     broken = [k for k in engine.REGISTRY.stats()["kinds"] if "injected" in k["reason"]]
     assert broken and all(k["path"] == "eager" for k in broken)
+
+
+def test_a_block_with_comfyui_033s_dtype_records_precompiles_and_loads(engine, comfy_dir):
+    """ComfyUI 0.33 records each weight's dtype on its module when it loads a model (`weight_comfy_model_dtype`,
+    its model_management.archive_model_dtypes). torch saved those as "missing" values by the dtype's identity, and
+    every float32 tensor in the saved guards then loaded with no dtype: on 0.33 no block of any family could be
+    precompiled, and every kind loaded through Dynamo in ComfyUI's process. A block of ComfyUI's own operation
+    classes with those records, set as 0.33 sets them (0.3.75, the suite's default, has none): its precompiled
+    function loads, its guards accept the call, its output equals eager, and the records are back on the modules."""
+    import io
+
+    import comfy.ops
+
+    ops = comfy.ops.disable_weight_init
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(ops.Linear(8, 16), torch.nn.GELU(), ops.Linear(16, 8))
+    for module in block.modules():
+        for name, param in module.named_parameters(recurse=False):
+            setattr(module, f"{name}_comfy_model_dtype", param.dtype)
+    records = {(id(m), k): v for m in block.modules() for k, v in vars(m).items() if k.endswith("_comfy_model_dtype")}
+    assert len(records) == 4
+    x = torch.randn(2, 8)
+    payload = engine.precompiled.precompile(lambda b, x: b(x), {}, block, (x,), {}, set())
+    function = torch.compiler.load_compiled_function(io.BytesIO(payload))  # raised TypeError (_Missing dtype)
+    assert function.guard_check(block, x), "the loaded function's guards refused the call it was made for"
+    torch.testing.assert_close(function.fn(block, x), block(x))
+    assert records == {(id(m), k): v for m in block.modules() for k, v in vars(m).items()
+                       if k.endswith("_comfy_model_dtype")}, "ComfyUI's dtype records were not put back"
 
 
 @pytest.fixture(scope="module")

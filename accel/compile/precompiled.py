@@ -23,6 +23,7 @@ Where torch lacks AOT precompile, a block cannot be captured whole, or `ACCEL_PR
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -177,8 +178,30 @@ def precompile(entry_point: Callable, compile_kwargs: dict, block, args: tuple, 
             torch._dynamo.maybe_mark_dynamic(tensors[index], dim)
     with torch._dynamo.config.patch(enable_aot_compile=True):  # scoped: read when the wrapper is made
         compiled = torch.compile(entry_point, fullgraph=True, options=options, **kwargs_for_compile)
-    function = compiled.aot_compile(((block, *args), kwargs))
+    with _without_load_records(block):
+        function = compiled.aot_compile(((block, *args), kwargs))
     return type(function).serialize(function).serialized_data
+
+
+# ComfyUI 0.33 records each weight's dtype on its module when it loads a model (`<name>_comfy_model_dtype`,
+# model_management.archive_model_dtypes and comfy.ops), for its own loading and casting; no block's forward reads
+# them. torch 2.11 saves a module's attributes that no guard reads as "missing" by the object's identity, and a
+# dtype is one object process-wide: every float32 tensor in the saved guards then loaded with no dtype
+# (TypeError: empty_strided() ... not _Missing), so no block of any family could be precompiled on 0.33 and every
+# kind loaded through Dynamo in ComfyUI's process. They are set aside while a graph is made and saved.
+LOAD_RECORD_SUFFIX = "_comfy_model_dtype"
+
+
+@contextlib.contextmanager
+def _without_load_records(block: torch.nn.Module):
+    """`block`'s modules without ComfyUI's load-time dtype records for the length of the block; put back after."""
+    kept = [(module, name, module.__dict__.pop(name)) for module in block.modules()
+            for name in [n for n in module.__dict__ if n.endswith(LOAD_RECORD_SUFFIX)]]
+    try:
+        yield
+    finally:
+        for module, name, value in kept:
+            module.__dict__[name] = value
 
 
 def kernels_of(payload: bytes, kernel_dir) -> dict[str, bytes]:
