@@ -360,6 +360,9 @@ def test_a_block_with_comfyui_033s_dtype_records_precompiles_and_loads(engine, c
     ops = comfy.ops.disable_weight_init
     torch.manual_seed(0)
     block = torch.nn.Sequential(ops.Linear(8, 16), torch.nn.GELU(), ops.Linear(16, 8))
+    with torch.no_grad():  # these classes skip initialisation (a loader fills them): uninitialised memory held NaN
+        for param in block.parameters():
+            param.normal_(0.0, 0.3)
     for module in block.modules():
         for name, param in module.named_parameters(recurse=False):
             setattr(module, f"{name}_comfy_model_dtype", param.dtype)
