@@ -194,7 +194,8 @@ LOAD_RECORD_SUFFIX = "_comfy_model_dtype"
 
 @contextlib.contextmanager
 def _without_load_records(block: torch.nn.Module):
-    """`block`'s modules without ComfyUI's load-time dtype records for the length of the block; put back after."""
+    """`block`'s modules without ComfyUI's load-time dtype records inside the `with`; put back after, also when
+    it raises."""
     kept = [(module, name, module.__dict__.pop(name)) for module in block.modules()
             for name in [n for n in module.__dict__ if n.endswith(LOAD_RECORD_SUFFIX)]]
     try:

@@ -64,8 +64,9 @@ class CompiledMethod:
 
     def _run(self, entry: KindEntry, options: CompileOptions, policy, device, args: tuple, kwargs: dict):
         # the compiled call's inputs built as a block's are (dispatch.BlockDispatcher._make_call): size-1 dimensions
-        # get steady strides (shapes.steady_unit_strides). A latent or image batch is a fresh tensor, so today this
-        # changes nothing here; it keeps the two routes' compiled calls, captures and signatures alike.
+        # get steady strides (shapes.steady_unit_strides). ComfyUI's decode gets a batch slice of the latent and its
+        # encode a slice of the pixels with their channels moved first: both have the steady batch stride already,
+        # so today this changes no VAE call; it keeps the two routes' compiled calls, captures and signatures alike.
         def make_call():
             return steady_unit_strides(args, kwargs)
 
