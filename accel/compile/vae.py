@@ -64,9 +64,10 @@ class CompiledMethod:
 
     def _run(self, entry: KindEntry, options: CompileOptions, policy, device, args: tuple, kwargs: dict):
         # the compiled call's inputs built as a block's are (dispatch.BlockDispatcher._make_call): size-1 dimensions
-        # get steady strides (shapes.steady_unit_strides). ComfyUI's decode gets a batch slice of the latent and its
-        # encode a slice of the pixels with their channels moved first: both have the steady batch stride already,
-        # so today this changes no VAE call; it keeps the two routes' compiled calls, captures and signatures alike.
+        # get steady strides (shapes.steady_unit_strides), so the two routes' compiled calls, captures and signatures
+        # are alike. ComfyUI's decodes (a batch slice of the latent) and image encodes (a slice of the pixels, their
+        # channels moved first) have the steady batch stride already; a video VAE's encode, its frames moved and
+        # unsqueezed into a batch of 1 (batch stride 3), gets the steady view: the same elements.
         def make_call():
             return steady_unit_strides(args, kwargs)
 
