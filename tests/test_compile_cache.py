@@ -2,7 +2,8 @@
 third loads whole; a damaged entry (one of the pack's artifacts, torch's FX graphs) is skipped and rebuilt, damaged
 torch files are set aside and rebuilt from the artifacts; precompile warms a later server's workflow, export/import
 moves the cache, the size cap evicts least recently used, and an unwritable directory or a failing first run never
-costs the prompt. A block carrying ComfyUI 0.33's load-time dtype records precompiles and loads.
+costs the prompt. A block carrying ComfyUI 0.33's load-time dtype records precompiles and loads; one whose records
+have a name the pack does not know is a warning in the log, not a silent fallback.
 
 The cross-process tests share one cache directory (module scope) and run in order: two cold processes at once and a
 warm third, damaged entries, damaged torch files, then precompile at a new size and a server workflow at that size,
@@ -375,6 +376,67 @@ def test_a_block_with_comfyui_033s_dtype_records_precompiles_and_loads(engine, c
     torch.testing.assert_close(function.fn(block, x), block(x))
     assert records == {(id(m), k): v for m in block.modules() for k, v in vars(m).items()
                        if k.endswith("_comfy_model_dtype")}, "ComfyUI's dtype records were not put back"
+
+
+def test_a_record_of_another_name_is_a_warning_not_a_silent_fallback(engine, comfy_dir, caplog):
+    """What a later ComfyUI could do: record the dtypes under another name, which LOAD_RECORD_SUFFIX does not set
+    aside. A real background job (this process's compiler, its child) compiles the block, torch refuses to save it
+    whole (the 0.33 TypeError), the child says torch refused, and this process warns once for the kind, naming what
+    happened and the switch, where the stats' reason alone said it before. Switched off (ACCEL_PRECOMPILED=0), the
+    same kind is no refusal."""
+    import importlib
+
+    import comfy.ops
+
+    def engine_module(name: str):  # the pack's modules as ComfyUI loaded them
+        return importlib.import_module(f"{engine.__name__}.{name}")
+
+    state = engine_module("background.state")
+    ops = comfy.ops.disable_weight_init
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(ops.Linear(8, 16), torch.nn.GELU(), ops.Linear(16, 8))
+    with torch.no_grad():
+        for param in block.parameters():
+            param.normal_(0.0, 0.3)
+    for module in block.modules():
+        for name, param in module.named_parameters(recurse=False):
+            setattr(module, f"{name}_comfy_dtype_record", param.dtype)  # a name the pack does not know
+    registry = engine_module("registry").GraphRegistry()
+    entry = registry.entry(engine_module("blocks").BlockKind.of(block), type(block).forward, engine.CompileOptions(),
+                           torch.device("cpu"))
+    state._WARNED_NOT_PRECOMPILED.discard(entry.kind.label)
+    entry.background.capture()
+    with torch.inference_mode():
+        capture = engine.background.Capture.in_this_call(entry, block, "forward")
+        capture.add_call(("one call",), (torch.randn(2, 8),), {})
+    background = engine.background.BACKGROUND
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and entry.kind.label in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="comfyui_accel"):
+        cache = importlib.import_module(engine.__name__.rpartition(".")[0] + ".cache").COMPILE_CACHE
+        assert background.launch([capture], cache.environment("cpu").dir)
+        assert background.wait(timeout=300), "the background compile did not finish"
+        assert entry.background.state is state.BackgroundState.DONE, entry.background.stats()
+        assert "not precompiled (TypeError" in entry.background.reason, entry.background.reason
+        (warning,) = warnings()
+        assert "could not be saved whole" in warning and "TypeError" in warning and "ACCEL_PRECOMPILED=0" in warning
+        again = state.KindBackground(entry.kind.label)  # a later job of the kind (a new shape) warns no more
+        again.capture()
+        again.sent()
+        again.done(1.0, "TypeError: the same", refused=True)
+        assert len(warnings()) == 1, warnings()
+
+    dump_skeleton = engine.background.dump_skeleton
+    with torch.inference_mode():
+        item = {**capture.job_item(), "calls": [dump_skeleton(((torch.randn(2, 8),), {}))]}
+    os.environ["ACCEL_PRECOMPILED"] = "0"
+    try:
+        switched_off = engine_module("background.child").compile_item(item, engine_module("registry").GraphRegistry())
+    finally:
+        del os.environ["ACCEL_PRECOMPILED"]
+    assert not switched_off["precompile_refused"] and switched_off["precompiled"].startswith("off"), switched_off
 
 
 @pytest.fixture(scope="module")

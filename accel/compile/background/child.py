@@ -107,25 +107,28 @@ def compile_item(item: dict, registry) -> dict:
             entry.run_compiled(block, lambda: (args, kwargs), args, kwargs)  # noqa: B023
             marks.append(set(entry.shapes.dynamic_dims))
         compiled_seconds = time.perf_counter() - start
-        precompiled = None if entry.failure else save_precompiled(entry, block, item["calls"], marks, batches,
-                                                                   {"grad": item["grad"],
-                                                                    "inference": item["inference"]})
+        precompiled, torch_refused = (None, False) if entry.failure else save_precompiled(
+            entry, block, item["calls"], marks, batches, {"grad": item["grad"], "inference": item["inference"]})
     result = {"cache_id": entry.cache_id, "kind": entry.kind.label, "failure": entry.failure,
               "seconds": round(time.perf_counter() - start, 2), "compiles": entry.compiles,
-              "fx_graph_misses": entry.disk_cache.get("fx_graph_misses", 0), "precompiled": precompiled}
+              "fx_graph_misses": entry.disk_cache.get("fx_graph_misses", 0), "precompiled": precompiled,
+              "precompile_refused": torch_refused}
     log.info("[Accel] compiled %s in %.1f s (precompiled: %s in %.1f s)%s", entry.kind.label,
              compiled_seconds, precompiled, result["seconds"] - compiled_seconds,
              f" (failed: {entry.failure})" if entry.failure else "")
     return result
 
 
-def save_precompiled(entry, block, calls: list[bytes], marks: list[set], batches: set, modes: dict) -> int | str:
+def save_precompiled(entry, block, calls: list[bytes], marks: list[set], batches: set,
+                     modes: dict) -> tuple[int | str, bool]:
     """Save the kind's graph for each call's layouts as a precompiled function (compile/precompiled.py), after the
     compiled calls above (its graphs then come from torch's caches they filled), under the grad and inference modes
     of the captured call (`modes`, kept in each file: its guards are rebuilt under them when loaded); beside a
     dynamic graph made at a batch of 1, its twin for larger batches (batch_twin.py, given the calls' `batches`),
-    compiled here. The number saved, or why none (torch without it, a block that does not compile whole): the kind
-    then loads the old way in ComfyUI's process."""
+    compiled here. Returns the number saved, or why none, and whether torch refused a graph (it raised while
+    saving or loading one back: a block that does not compile whole, or what ComfyUI 0.33's dtype records did
+    before precompiled.LOAD_RECORD_SUFFIX); then the kind loads the old way in ComfyUI's process, which the parent
+    warns of (state.py). Precompiling switched off or missing from torch is no refusal."""
     from ...cache import COMPILE_CACHE
     from .. import precompiled
     from ..kinds import _entry_point, compile_kwargs
@@ -133,10 +136,10 @@ def save_precompiled(entry, block, calls: list[bytes], marks: list[set], batches
 
     why = precompiled.unavailable()
     if why:
-        return why
+        return why, False
     env = COMPILE_CACHE.environment(entry.device_type)
     if not env.check_usable():
-        return f"no usable compile cache ({env.problem})"
+        return f"no usable compile cache ({env.problem})", False
     entry_point = _entry_point(entry.forward, entry.name)
     kwargs_for_compile = compile_kwargs(entry.options, entry.device_type)
     saved, done = 0, set()
@@ -164,7 +167,7 @@ def save_precompiled(entry, block, calls: list[bytes], marks: list[set], batches
         except Exception as err:  # noqa: BLE001  (the kind still has its graphs in torch's caches)
             why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"
             log.info("[Accel] background compile: %s cannot be precompiled (%s)", entry.kind.label, why)
-            return why
+            return why, True
         twin = batch_twin(*load_skeleton(call), dims, batches)
         if twin is not None:
             try:
@@ -172,7 +175,7 @@ def save_precompiled(entry, block, calls: list[bytes], marks: list[set], batches
             except Exception as err:  # noqa: BLE001  (a batch change then needs a job, as without the twin)
                 log.info("[Accel] background compile: %s has no graph for larger batches (%s: %s)",
                          entry.kind.label, type(err).__name__, str(err).strip()[:200])
-    return saved
+    return saved, False
 
 
 def _forget_jobs_state() -> None:

@@ -259,7 +259,8 @@ class BackgroundCompiler:
         for entry in job.entries:
             result = by_id.get(entry.cache_id)
             if result and not result.get("failure"):  # compiled and saved, even if the job went wrong after
-                entry.background.done(result["seconds"], result.get("precompiled"))
+                entry.background.done(result["seconds"], result.get("precompiled"),
+                                      refused=result.get("precompile_refused", False))
                 entry.precompiled.due = isinstance(result.get("precompiled"), int)
             else:
                 why = (result or {}).get("failure") or error or f"the child exited with code {returncode}"

@@ -30,6 +30,10 @@ import logging
 
 log = logging.getLogger("comfyui_accel")
 
+# Kinds whose graphs torch refused to save whole, warned of once a process (a kind's every new shape would repeat
+# it): a silent fallback hid that no block could be precompiled on ComfyUI 0.33 until 2026-11-27.
+_WARNED_NOT_PRECOMPILED: set[str] = set()
+
 
 class BackgroundState(enum.Enum):
     UNDECIDED = "undecided"
@@ -105,13 +109,20 @@ class KindBackground:
         self.state = (BackgroundState.PENDING if self.state is BackgroundState.CAPTURED
                       else BackgroundState.NEW_SHAPE_PENDING)
 
-    def done(self, seconds: float, precompiled: int | str | None = None) -> None:
-        """The child compiled it; `precompiled`: how many graphs it saved whole (precompiled.py), or why none."""
+    def done(self, seconds: float, precompiled: int | str | None = None, refused: bool = False) -> None:
+        """The child compiled it; `precompiled`: how many graphs it saved whole (precompiled.py), or why none;
+        `refused`: torch raised while saving or loading one (child.save_precompiled), which a user should see."""
         new_shape = self.state is BackgroundState.NEW_SHAPE_PENDING
         self.state, self.seconds = BackgroundState.DONE, seconds
         how = ("" if precompiled is None else f", {precompiled} graphs precompiled" if isinstance(precompiled, int)
                else f", not precompiled ({precompiled}): it loads through Dynamo")
         self.reason = f"{'a new input shape ' if new_shape else ''}compiled in a child process in {seconds:.1f} s{how}"
+        if refused and self.label not in _WARNED_NOT_PRECOMPILED:
+            _WARNED_NOT_PRECOMPILED.add(self.label)
+            log.warning("[Accel] %s: its graphs compiled in a child process but could not be saved whole (%s), so "
+                        "this process traces them again at its next call (seconds, from torch's caches), and so "
+                        "will every restart. Outputs are unchanged. Please report it with your ComfyUI and torch "
+                        "versions; ACCEL_PRECOMPILED=0 stops the pack trying.", self.label, precompiled)
 
     def failed(self, why: str) -> None:
         self.state, self.reason = BackgroundState.FAILED, f"background compile failed: {why}; compiled here"
