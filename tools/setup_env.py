@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def log(msg: str) -> None:
 
 def run(cmd: list[str], **kw) -> None:
     log("$ " + " ".join(str(c) for c in cmd))
+    start = time.monotonic()
     subprocess.run([str(c) for c in cmd], check=True, **kw)
+    log(f"  ({time.monotonic() - start:.0f} s)")  # where a fresh machine's set-up time goes
 
 
 def stamp_ok(name: str, content: str) -> bool:
