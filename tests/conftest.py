@@ -75,6 +75,19 @@ def compiler_cache(tmp_path_factory):
             os.environ[name] = value
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's start and end, and its test process, in the run's `test-times.log` beside `cxx-calls.log`: a build
+    made by a long-lived process (a background compile worker, a module's server) is told to the test that ran in
+    that test process at that time."""
+    start, calls_log = time.time(), os.environ.get("ACCEL_TEST_CXX_LOG")  # the last test's teardown unsets it
+    yield
+    calls_log = calls_log or os.environ.get("ACCEL_TEST_CXX_LOG")  # the first test's setup sets it
+    if calls_log:
+        with open(Path(calls_log).with_name("test-times.log"), "a") as out:
+            out.write(f"{start:.1f} {time.time():.1f} {os.environ.get('PYTEST_XDIST_WORKER', '-')} {item.nodeid}\n")
+
+
 # A kept build not used for this long is deleted when a run starts (a hit refreshes its time).
 CXX_KEEP_DAYS = 14
 

@@ -13,12 +13,15 @@ $ACCEL_TEST_CXX_CACHE is the cache folder (kept between test runs: tests/conftes
 compiler. Each cached call appends a line to $ACCEL_TEST_CXX_LOG (the run's): "hit", or "miss <seconds>", then what
 it built ("header" for inductor's precompiled header, which every process that compiles or loads C++ kernels
 builds, else "source"), then the test that started it (pytest's PYTEST_CURRENT_TEST, which the processes a test
-starts inherit), so that a run's compile time and builds can be read per test. A hit refreshes the kept file's
-time, by which old builds are pruned.
+starts inherit), the test process (pytest-xdist's worker) and the time it ended, so that a run's compile time and
+builds can be read per test. A long-lived process (a background compile worker, a module's server) keeps the test
+that started it: the worker and the time, with the run's `test-times.log` (tests/conftest.py), tell the test
+running then. A hit refreshes the kept file's time, by which old builds are pruned.
 """
 import hashlib
 import os
 import sys
+import time
 
 
 def cached_call(real: str, args: list[str]) -> tuple[str, str] | None:
@@ -72,7 +75,6 @@ def main() -> int:
         code = 0
     else:
         import subprocess
-        import time
 
         start = time.perf_counter()
         code = subprocess.call([real, *args])
@@ -81,8 +83,9 @@ def main() -> int:
             copy(output, kept)
     test = os.environ.get("PYTEST_CURRENT_TEST", "-").split(" ")[0]
     built = "header" if any(a.endswith(".hpp") for a in args) else "source"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
     with open(os.environ.get("ACCEL_TEST_CXX_LOG") or os.path.join(cache, "calls.log"), "a") as log:
-        log.write(f"{outcome} {built} {test}\n")
+        log.write(f"{outcome} {built} {test} {worker} {time.time():.1f}\n")
     return code
 
 
