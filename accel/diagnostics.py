@@ -122,13 +122,24 @@ def thread_report(pid: int | None = None) -> dict:
     python_threads = {t.native_id for t in threading.enumerate()}
     per_thread = thread_times(pid)
     python_threads |= {t.native_id for t in threading.enumerate()}  # and those started during the listing
+    pools = pools_of_pack_threads(per_thread, python_threads) if own else None
+    if pools:  # or a thread of the pack that had just ended (or begun) as Python saw it, not yet as Linux did
+        time.sleep(PROC_SETTLE_SECONDS)
+        python_threads |= {t.native_id for t in threading.enumerate()}
+        still = {t["tid"] for t in thread_times(pid)}
+        pools = pools_of_pack_threads([t for t in per_thread if t["tid"] in still], python_threads)
     allowed = sorted(os.sched_getaffinity(pid)) if hasattr(os, "sched_getaffinity") else None
     report = {"pid": pid, "openmp_runtimes": openmp_runtimes(pid), "threads": len(per_thread),
-              "per_thread": per_thread, "torch": torch_info,
-              "pack_thread_pools": pools_of_pack_threads(per_thread, python_threads) if own else None,
+              "per_thread": per_thread, "torch": torch_info, "pack_thread_pools": pools,
               "affinity": {"allowed_cpus": allowed, "cpu_count": os.cpu_count()}, "environment": environment(pid)}
     report["warnings"] = problems(report)
     return report
+
+
+# A pool's threads live as long as the process; a thread Python has just let go of is gone from /proc within
+# milliseconds. The stats' threads section once counted such a thread as a pool (a server test, 2026-11-27: a
+# job's waiting thread seen in one poll of many); a second look this much later tells them apart.
+PROC_SETTLE_SECONDS = 0.05
 
 
 def pools_of_pack_threads(per_thread: list[dict], python_threads: set[int]) -> dict[str, int]:
