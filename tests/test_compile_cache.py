@@ -378,7 +378,7 @@ def test_a_block_with_comfyui_033s_dtype_records_precompiles_and_loads(engine, c
                        if k.endswith("_comfy_model_dtype")}, "ComfyUI's dtype records were not put back"
 
 
-def test_a_record_of_another_name_is_a_warning_not_a_silent_fallback(engine, comfy_dir, caplog):
+def test_a_record_of_another_name_is_a_warning_not_a_silent_fallback(engine, comfy_dir, caplog, monkeypatch):
     """What a later ComfyUI could do: record the dtypes under another name, which LOAD_RECORD_SUFFIX does not set
     aside. A real background job (this process's compiler, its child) compiles the block, torch refuses to save it
     whole (the 0.33 TypeError), the child says torch refused, and this process warns once for the kind, naming what
@@ -410,12 +410,13 @@ def test_a_record_of_another_name_is_a_warning_not_a_silent_fallback(engine, com
         capture = engine.background.Capture.in_this_call(entry, block, "forward")
         capture.add_call(("one call",), (torch.randn(2, 8),), {})
     background = engine.background.BACKGROUND
+    cache = importlib.import_module(engine.__name__.rpartition(".")[0] + ".cache").COMPILE_CACHE
+
     def warnings() -> list[str]:
         return [r.getMessage() for r in caplog.records
                 if r.levelno == logging.WARNING and entry.kind.label in r.getMessage()]
 
     with caplog.at_level(logging.WARNING, logger="comfyui_accel"):
-        cache = importlib.import_module(engine.__name__.rpartition(".")[0] + ".cache").COMPILE_CACHE
         assert background.launch([capture], cache.environment("cpu").dir)
         assert background.wait(timeout=300), "the background compile did not finish"
         assert entry.background.state is state.BackgroundState.DONE, entry.background.stats()
@@ -428,14 +429,9 @@ def test_a_record_of_another_name_is_a_warning_not_a_silent_fallback(engine, com
         again.done(1.0, "TypeError: the same", refused=True)
         assert len(warnings()) == 1, warnings()
 
-    dump_skeleton = engine.background.dump_skeleton
-    with torch.inference_mode():
-        item = {**capture.job_item(), "calls": [dump_skeleton(((torch.randn(2, 8),), {}))]}
-    os.environ["ACCEL_PRECOMPILED"] = "0"
-    try:
-        switched_off = engine_module("background.child").compile_item(item, engine_module("registry").GraphRegistry())
-    finally:
-        del os.environ["ACCEL_PRECOMPILED"]
+    monkeypatch.setenv("ACCEL_PRECOMPILED", "0")  # the same job item, compiled as the child does, in this process
+    child = engine_module("background.child")
+    switched_off = child.compile_item(capture.job_item(), engine_module("registry").GraphRegistry())
     assert not switched_off["precompile_refused"] and switched_off["precompiled"].startswith("off"), switched_off
 
 
