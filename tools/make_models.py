@@ -324,11 +324,12 @@ def write_all(pending: list[tuple[Path, ModelFile]], jobs: int) -> None:
     own seeds; only the order of safetensors' metadata varies, as it does between two runs of one process). The
     test set took 89 s in one process and 66 s in two on the 2-core machine (2026-11-27; the rest is writing 8 GB).
     The processes are forked after the imports, before any tensor work, and draw on one thread each."""
-    if jobs <= 1 or len(pending) <= 1:
+    import multiprocessing
+
+    if jobs <= 1 or len(pending) <= 1 or "fork" not in multiprocessing.get_all_start_methods():  # Windows: one
         for path, spec in pending:
             write_model(path, spec)
         return
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     global _PENDING
