@@ -24,9 +24,12 @@ def register_routes() -> bool:
         from ..accel.compile import REGISTRY
         from ..accel.diagnostics import thread_report
 
-        # "threads": reads of /proc and no sampling (no sleep), so quick enough for the event loop
+        # "threads" off the event loop: reads of /proc, and a 50 ms second look when a pool of the pack's seems
+        # to be there (diagnostics.PROC_SETTLE_SECONDS), which would stall every other request meanwhile. torch's
+        # thread count reads the same there: ATen gives each thread the process's count on the thread's first use.
+        threads = await asyncio.get_running_loop().run_in_executor(None, thread_report)
         return web.json_response({"version": __version__, **telemetry.snapshot(), "compile": REGISTRY.stats(),
-                                  "threads": thread_report()})
+                                  "threads": threads})
 
     @PromptServer.instance.routes.get("/accel/status")
     async def accel_status(request):

@@ -347,15 +347,9 @@ def test_first_compiled_run_that_raises_falls_back_to_eager(engine_and_nodes, ca
     assert broken and all(k["path"] == "eager" for k in broken)
 
 
-def test_a_block_with_comfyui_033s_dtype_records_precompiles_and_loads(engine, comfy_dir):
-    """ComfyUI 0.33 records each weight's dtype on its module when it loads a model (`weight_comfy_model_dtype`,
-    its model_management.archive_model_dtypes). torch saved those as "missing" values by the dtype's identity, and
-    every float32 tensor in the saved guards then loaded with no dtype: on 0.33 no block of any family could be
-    precompiled, and every kind loaded through Dynamo in ComfyUI's process. A block of ComfyUI's own operation
-    classes with those records, set as 0.33 sets them (0.3.75, the suite's default, has none): its precompiled
-    function loads, its guards accept the call, its output equals eager, and the records are back on the modules."""
-    import io
-
+def block_with_dtype_records(suffix: str) -> torch.nn.Sequential:
+    """A seeded block of ComfyUI's own operation classes whose modules record each weight's dtype under
+    `<weight name><suffix>`, as ComfyUI 0.33's loader does (model_management.archive_model_dtypes)."""
     import comfy.ops
 
     ops = comfy.ops.disable_weight_init
@@ -366,7 +360,20 @@ def test_a_block_with_comfyui_033s_dtype_records_precompiles_and_loads(engine, c
             param.normal_(0.0, 0.3)
     for module in block.modules():
         for name, param in module.named_parameters(recurse=False):
-            setattr(module, f"{name}_comfy_model_dtype", param.dtype)
+            setattr(module, f"{name}{suffix}", param.dtype)
+    return block
+
+
+def test_a_block_with_comfyui_033s_dtype_records_precompiles_and_loads(engine, comfy_dir):
+    """ComfyUI 0.33 records each weight's dtype on its module when it loads a model (`weight_comfy_model_dtype`,
+    its model_management.archive_model_dtypes). torch saved those as "missing" values by the dtype's identity, and
+    every float32 tensor in the saved guards then loaded with no dtype: on 0.33 no block of any family could be
+    precompiled, and every kind loaded through Dynamo in ComfyUI's process. A block of ComfyUI's own operation
+    classes with those records, set as 0.33 sets them (0.3.75, the suite's default, has none): its precompiled
+    function loads, its guards accept the call, its output equals eager, and the records are back on the modules."""
+    import io
+
+    block = block_with_dtype_records("_comfy_model_dtype")
     records = {(id(m), k): v for m in block.modules() for k, v in vars(m).items() if k.endswith("_comfy_model_dtype")}
     assert len(records) == 4
     x = torch.randn(2, 8)
@@ -386,21 +393,11 @@ def test_a_record_of_another_name_is_a_warning_not_a_silent_fallback(engine, com
     same kind is no refusal."""
     import importlib
 
-    import comfy.ops
-
     def engine_module(name: str):  # the pack's modules as ComfyUI loaded them
         return importlib.import_module(f"{engine.__name__}.{name}")
 
     state = engine_module("background.state")
-    ops = comfy.ops.disable_weight_init
-    torch.manual_seed(0)
-    block = torch.nn.Sequential(ops.Linear(8, 16), torch.nn.GELU(), ops.Linear(16, 8))
-    with torch.no_grad():
-        for param in block.parameters():
-            param.normal_(0.0, 0.3)
-    for module in block.modules():
-        for name, param in module.named_parameters(recurse=False):
-            setattr(module, f"{name}_comfy_dtype_record", param.dtype)  # a name the pack does not know
+    block = block_with_dtype_records("_comfy_dtype_record")  # a name the pack does not know
     registry = engine_module("registry").GraphRegistry()
     entry = registry.entry(engine_module("blocks").BlockKind.of(block), type(block).forward, engine.CompileOptions(),
                            torch.device("cpu"))

@@ -96,6 +96,7 @@ def test_compile_model_defaults_over_http_equal_eager(family_server, family):
     threads = family_server.get_json("/accel/stats")["threads"]
     assert not pools and threads["pack_thread_pools"] == {}, (pools, threads["per_thread"])
     assert "accel-loader" in {t["name"] for t in threads["per_thread"]}, "the loader is not named: nothing was seen"
+    assert threads["torch"]["num_threads"] == 2, "the report, made off the event loop, lost the server's count"
     assert torch.equal(first, eager[1]), "the first prompt, while the child compiles, differs from eager"
     jobs = background["finished"]
     assert jobs and all(not job["failed"] for job in jobs), jobs
