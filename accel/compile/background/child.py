@@ -168,7 +168,7 @@ def save_precompiled(entry, block, calls: list[bytes], marks: list[set], batches
             why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"
             log.info("[Accel] background compile: %s cannot be precompiled (%s)", entry.kind.label, why)
             return why, True
-        twin = batch_twin(*load_skeleton(call), dims, batches)
+        twin = batch_twin(block, *load_skeleton(call), dims, batches)
         if twin is not None:
             try:
                 save(*twin, dims)
