@@ -7,6 +7,7 @@ each measures the change over what it does.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -316,6 +317,36 @@ def test_compile_vae_equals_eager_and_input_untouched(engine, comfy_nodes):
     compiled.decode(latent)
     assert dynamo_frames() == frames
     assert_close_to_eager(vae.decode(latent), eager, "the input VAE still decodes eagerly and the same")
+
+
+def test_compile_vae_runs_a_vae_that_compiles_only_in_pieces_eagerly(engine, comfy_dir, monkeypatch, tmp_path,
+                                                                     caplog):
+    """Wan 2.1's VAE (Qwen-Image's too) walks a causal cache of lists in Python: Dynamo compiles its encode only
+    as several graphs (graph breaks), which no precompiled function holds, so each process would trace it again
+    in a prompt (before: 31 frames, Dynamo's recompile limit met, 19 s in the prompt for a 0.1 s encode, 2026-11-27).
+    With Compile VAE's defaults the first encode runs eagerly while a child compiles it; the child says it broke
+    into graphs, and from then the kind runs eagerly, said once in a warning and in its stats: no encode runs Dynamo
+    in this process, every output is eager's. On the templates' stand-in for wan_2.1_vae.safetensors."""
+    import comfy.sd
+    import comfy.utils
+    from tools.template_models import standins_dir
+
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "compile-cache"))
+    vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(standins_dir(comfy_dir) / "vae" / "wan_2.1_vae.safetensors")))
+    pixels = torch.rand(1, 32, 48, 3, generator=torch.Generator().manual_seed(0))  # one frame, as an image to video
+    eager = vae.encode(pixels)
+    compiled = engine.compile_vae(vae, engine.CompileOptions(), owner="wan-vae-node")
+    frames = dynamo_frames()
+    with caplog.at_level(logging.WARNING, logger="comfyui_accel"):
+        assert torch.equal(compiled.encode(pixels), eager), "the first encode, while the child compiles"
+        assert engine.background.BACKGROUND.wait(timeout=900), "the background compile did not finish"
+        for run in ("the next encode", "the one after"):
+            assert torch.equal(compiled.encode(pixels), eager), run
+    assert dynamo_frames() == frames, f"this process traced the encode ({dynamo_frames() - frames} frames)"
+    (kind,) = [k for k in engine.REGISTRY.stats()["kinds"] if k["kind"].startswith("WanVAE.encode")]
+    assert kind["path"] == "eager" and "graph breaks" in kind["reason"], kind
+    said = [r.getMessage() for r in caplog.records if kind["kind"] in r.getMessage()]
+    assert len(said) == 1 and "runs eagerly" in said[0] and "always compiled" in said[0], said
 
 
 def test_bad_option_names_the_problem_and_the_choices(engine):

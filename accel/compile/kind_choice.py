@@ -74,6 +74,20 @@ class KindChoice:
                            f"{'' if measured_here else ', measured earlier'}): not worth compiling")
             log.info("[Accel] %s: not compiled, %s", self.label, self.reason)
 
+    def compiles_only_in_pieces(self, why: str) -> None:
+        """A child compiled the kind as several graphs (Dynamo's graph breaks): none can be saved as one
+        precompiled function, so this process, and every restart, would trace it again in a prompt, frame by
+        frame (Wan's VAE encode: 31-37 frames and Dynamo's recompile limit met, 19-28 s in a prompt for a 0.1 s
+        call, 2026-11-27). choose="auto" promises no compile in a prompt: the kind runs eagerly."""
+        if self.path == "eager":
+            return
+        self.path = "eager"
+        self.reason = (f"compiles only as several graphs (graph breaks; not saved whole: {why}), which each process "
+                       "would trace again in a prompt: runs eagerly")
+        log.warning("[Accel] %s: runs eagerly: it %s. The output is unaffected. To compile it in the prompt anyway: "
+                    "choose \"always compiled\" on Compile Model, mode low-memory on Compile VAE.", self.label,
+                    self.reason.removesuffix(": runs eagerly"))
+
     def next_side(self, shape: tuple) -> str:
         """Question 2: which path this real call of the kind, with inputs of `shape`, takes (compiled first: its
         first call compiles). Sides alternate per shape, so each shape gets samples on both."""

@@ -112,7 +112,7 @@ def compile_item(item: dict, registry) -> dict:
     result = {"cache_id": entry.cache_id, "kind": entry.kind.label, "failure": entry.failure,
               "seconds": round(time.perf_counter() - start, 2), "compiles": entry.compiles,
               "fx_graph_misses": entry.disk_cache.get("fx_graph_misses", 0), "precompiled": precompiled,
-              "precompile_refused": torch_refused}
+              "precompile_refused": torch_refused, "graph_breaks": entry.graph_breaks}
     log.info("[Accel] compiled %s in %.1f s (precompiled: %s in %.1f s)%s", entry.kind.label,
              compiled_seconds, precompiled, result["seconds"] - compiled_seconds,
              f" (failed: {entry.failure})" if entry.failure else "")
