@@ -75,15 +75,15 @@ class KindChoice:
             log.info("[Accel] %s: not compiled, %s", self.label, self.reason)
 
     def compiles_only_in_pieces(self, why: str) -> None:
-        """A child compiled the kind as several graphs (Dynamo's graph breaks): none can be saved as one
-        precompiled function, so this process, and every restart, would trace it again in a prompt, frame by
-        frame (Wan's VAE encode: 31-37 frames and Dynamo's recompile limit met, 19-28 s in a prompt for a 0.1 s
-        call, 2026-11-27). choose="auto" promises no compile in a prompt: the kind runs eagerly."""
+        """A child met a graph break in the kind: Dynamo compiles it only as several graphs, which cannot be saved
+        as one precompiled function, so this process, and every restart, would trace it again in a prompt, frame
+        by frame (Wan's VAE encode: 31-37 frames and Dynamo's recompile limit met, 19-28 s in a prompt for a
+        0.1 s call, 2026-11-27). choose="auto" promises no compile in a prompt: the kind runs eagerly."""
         if self.path == "eager":
             return
         self.path = "eager"
-        self.reason = (f"compiles only as several graphs (graph breaks; not saved whole: {why}), which each process "
-                       "would trace again in a prompt: runs eagerly")
+        self.reason = (f"compiles only as several graphs (a graph break: {why}), which each process would trace "
+                       "again in a prompt: runs eagerly")
         log.warning("[Accel] %s: runs eagerly: it %s. The output is unaffected. To compile it in the prompt anyway: "
                     "choose \"always compiled\" on Compile Model, mode low-memory on Compile VAE.", self.label,
                     self.reason.removesuffix(": runs eagerly"))

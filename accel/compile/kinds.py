@@ -127,6 +127,7 @@ class KindEntry:
         self.device_type = device_type
         self.cache_id = key_id(key)  # its name in the persistent compile cache
         self.failure: str | None = None  # set when compiling or a first compiled run failed: eager for good
+        self.failed_with: Exception | None = None  # what raised then (a child tells a graph break apart by it)
         self.compiles = 0
         self.compile_seconds = 0.0
         self.cache_hits = 0
@@ -221,7 +222,7 @@ class KindEntry:
         except (torch.OutOfMemoryError, KeyboardInterrupt):
             raise
         except Exception as err:  # a failed compile or first run costs this kind its compiled path, not the prompt
-            self._fall_back(root_cause(err))
+            self._fall_back(root_cause(err), err)
             return self.run_eager(block, args, kwargs, self.reason)
         new_frames = _dynamo_frames() - frames
         if new_frames:
@@ -348,8 +349,9 @@ class KindEntry:
                 return str(reasons[-1]).split("\n")[0][:300]  # the latest failure, first line
         return "new shape or state"
 
-    def _fall_back(self, why: str) -> None:
+    def _fall_back(self, why: str, err: Exception | None = None) -> None:
         self.failure = f"compile failed: {why}"
+        self.failed_with = err
         log.warning("[Accel] Compile Model: %s runs eagerly because compiling it failed (%s). The output is "
                     "unaffected; ACCEL_DISABLE_COMPILE=1 skips compiling altogether.", self.kind.label, why)
 

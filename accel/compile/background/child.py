@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch._dynamo
 
 from ...thread_names import start_thread
 from .batch_twin import batch_of, batch_twin
@@ -100,19 +101,30 @@ def compile_item(item: dict, registry) -> dict:
     start = time.perf_counter()
     marks = []  # per call, the dimensions its compiled call marked dynamic
     batches = set()  # the calls' batches (batch_twin.batch_of)
-    with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]):
+    # A graph break raises at once (Dynamo's error_on_graph_break) instead of compiling the kind as several graphs:
+    # those could not be saved whole, and the parent runs such a kind eagerly (kind_choice.compiles_only_in_pieces),
+    # so compiling them was wasted (Wan's VAE encode: 29 graphs, 97 s of a child here, 2026-11-27).
+    with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]), \
+            torch._dynamo.error_on_graph_break(True):
         for call in item["calls"]:
             args, kwargs = load_skeleton(call)
             batches.add(batch_of(args, kwargs))
             entry.run_compiled(block, lambda: (args, kwargs), args, kwargs)  # noqa: B023
             marks.append(set(entry.shapes.dynamic_dims))
+            if entry.failure:
+                break
+    in_pieces = isinstance(entry.failed_with, torch._dynamo.exc.Unsupported)  # a graph break, not a failure
+    failure = None if in_pieces else entry.failure
+    with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]):
         compiled_seconds = time.perf_counter() - start
         precompiled, torch_refused = (None, False) if entry.failure else save_precompiled(
             entry, block, item["calls"], marks, batches, {"grad": item["grad"], "inference": item["inference"]})
-    result = {"cache_id": entry.cache_id, "kind": entry.kind.label, "failure": entry.failure,
+    if in_pieces:
+        precompiled = entry.failure.removeprefix("compile failed: ")  # why: what Dynamo could not trace whole
+    result = {"cache_id": entry.cache_id, "kind": entry.kind.label, "failure": failure,
               "seconds": round(time.perf_counter() - start, 2), "compiles": entry.compiles,
               "fx_graph_misses": entry.disk_cache.get("fx_graph_misses", 0), "precompiled": precompiled,
-              "precompile_refused": torch_refused, "graph_breaks": entry.graph_breaks}
+              "precompile_refused": torch_refused, "graph_breaks": entry.graph_breaks or in_pieces}
     log.info("[Accel] compiled %s in %.1f s (precompiled: %s in %.1f s)%s", entry.kind.label,
              compiled_seconds, precompiled, result["seconds"] - compiled_seconds,
              f" (failed: {entry.failure})" if entry.failure else "")

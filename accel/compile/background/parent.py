@@ -259,12 +259,13 @@ class BackgroundCompiler:
         for entry in job.entries:
             result = by_id.get(entry.cache_id)
             if result and not result.get("failure"):  # compiled and saved, even if the job went wrong after
-                in_pieces = result.get("graph_breaks", False)
-                entry.background.done(result["seconds"], result.get("precompiled"),
-                                      refused=result.get("precompile_refused", False) and not in_pieces)
-                entry.precompiled.due = isinstance(result.get("precompiled"), int)
-                if in_pieces:
+                if result.get("graph_breaks"):  # no graph to load: the kind runs eagerly from now
+                    entry.background.done(result["seconds"], in_pieces=str(result.get("precompiled")))
                     entry.choice.compiles_only_in_pieces(str(result.get("precompiled")))
+                else:
+                    entry.background.done(result["seconds"], result.get("precompiled"),
+                                          refused=result.get("precompile_refused", False))
+                entry.precompiled.due = isinstance(result.get("precompiled"), int)
             else:
                 why = (result or {}).get("failure") or error or f"the child exited with code {returncode}"
                 entry.background.failed(why)

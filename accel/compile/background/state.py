@@ -109,14 +109,18 @@ class KindBackground:
         self.state = (BackgroundState.PENDING if self.state is BackgroundState.CAPTURED
                       else BackgroundState.NEW_SHAPE_PENDING)
 
-    def done(self, seconds: float, precompiled: int | str | None = None, refused: bool = False) -> None:
+    def done(self, seconds: float, precompiled: int | str | None = None, refused: bool = False,
+             in_pieces: str | None = None) -> None:
         """The child compiled it; `precompiled`: how many graphs it saved whole (precompiled.py), or why none;
-        `refused`: torch raised while saving or loading one (child.save_precompiled), which a user should see."""
+        `refused`: torch raised while saving or loading one (child.save_precompiled), which a user should see;
+        `in_pieces`: instead, the child met a graph break (why), compiled nothing, and the kind runs eagerly."""
         new_shape = self.state is BackgroundState.NEW_SHAPE_PENDING
         self.state, self.seconds = BackgroundState.DONE, seconds
         how = ("" if precompiled is None else f", {precompiled} graphs precompiled" if isinstance(precompiled, int)
                else f", not precompiled ({precompiled}): it loads through Dynamo")
         self.reason = f"{'a new input shape ' if new_shape else ''}compiled in a child process in {seconds:.1f} s{how}"
+        if in_pieces is not None:
+            self.reason = f"a child process found in {seconds:.1f} s that it does not compile whole ({in_pieces})"
         if refused and self.label not in _WARNED_NOT_PRECOMPILED:
             _WARNED_NOT_PRECOMPILED.add(self.label)
             log.warning("[Accel] %s: its graphs compiled in a child process but could not be saved whole (%s), so "
