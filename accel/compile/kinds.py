@@ -127,7 +127,9 @@ class KindEntry:
         self.device_type = device_type
         self.cache_id = key_id(key)  # its name in the persistent compile cache
         self.failure: str | None = None  # set when compiling or a first compiled run failed: eager for good
-        self.failed_with: Exception | None = None  # what raised then (a child tells a graph break apart by it)
+        # the type of what raised then (a child tells a graph break apart by it); not the exception itself, whose
+        # traceback would hold the failed call's tensors for the process's life
+        self.failed_with: type[BaseException] | None = None
         self.compiles = 0
         self.compile_seconds = 0.0
         self.cache_hits = 0
@@ -351,7 +353,7 @@ class KindEntry:
 
     def _fall_back(self, why: str, err: Exception | None = None) -> None:
         self.failure = f"compile failed: {why}"
-        self.failed_with = err
+        self.failed_with = type(err) if err is not None else None
         log.warning("[Accel] Compile Model: %s runs eagerly because compiling it failed (%s). The output is "
                     "unaffected; ACCEL_DISABLE_COMPILE=1 skips compiling altogether.", self.kind.label, why)
 

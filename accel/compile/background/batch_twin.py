@@ -42,9 +42,9 @@ def batch_of(args: tuple, kwargs: dict) -> int | None:
 
 # Per block class (or a base of it), the inputs by their name in its forward that stay at a batch of 1 at every batch:
 # tables the model builds once and broadcasts over the batch. Repeating them makes a twin that no call of the model
-# ever fits. Found on every generated family at a batch of 1 and 2 (tests/test_compile_video_families.py checks
-# the table against them): only Wan's rope table, which rope_encode makes at a batch of 1 (WanAttentionBlock and
-# its variants, VACE, audio, animate, causal).
+# ever fits. Looked for with a forward pre-hook at a batch of 1 and 2 on every generated family (video.md, "Compile
+# Model as frames, sizes and batch change"): only Wan's rope table, which rope_encode makes at a batch of 1
+# (WanAttentionBlock and its variants: VACE, audio, animate, causal). The video test checks Wan's at cfg 1.
 UNBATCHED_INPUTS = {"WanAttentionBlock": frozenset({"freqs"})}
 
 

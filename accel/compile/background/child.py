@@ -113,7 +113,8 @@ def compile_item(item: dict, registry) -> dict:
             marks.append(set(entry.shapes.dynamic_dims))
             if entry.failure:
                 break
-    in_pieces = isinstance(entry.failed_with, torch._dynamo.exc.Unsupported)  # a graph break, not a failure
+    # a graph break, not a failure
+    in_pieces = entry.failed_with is not None and issubclass(entry.failed_with, torch._dynamo.exc.Unsupported)
     failure = None if in_pieces else entry.failure
     with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]):
         compiled_seconds = time.perf_counter() - start
