@@ -323,7 +323,7 @@ def test_compile_vae_runs_a_vae_that_compiles_only_in_pieces_eagerly(engine, com
                                                                      caplog):
     """Wan 2.1's VAE (Qwen-Image's too) walks a causal cache of lists in Python: Dynamo compiles its encode only
     as several graphs (graph breaks), which no precompiled function holds, so each process would trace it again
-    in a prompt (before: 31 frames, Dynamo's recompile limit met, 19 s in the prompt for a 0.1 s encode, 2026-11-27).
+    in a prompt (before: 31 frames, Dynamo's recompile limit met, 26 s in the prompt for a 0.1 s encode, 2026-11-27).
     With Compile VAE's defaults the first encode runs eagerly while a child compiles it; the child says it broke
     into graphs, and from then the kind runs eagerly, said once in a warning and in its stats: no encode runs Dynamo
     in this process, every output is eager's. On the templates' stand-in for wan_2.1_vae.safetensors."""

@@ -77,8 +77,9 @@ class KindChoice:
     def compiles_only_in_pieces(self, why: str) -> None:
         """A child met a graph break in the kind: Dynamo compiles it only as several graphs, which cannot be saved
         as one precompiled function, so this process, and every restart, would trace it again in a prompt, frame
-        by frame (Wan's VAE encode: 31-37 frames and Dynamo's recompile limit met, 19-28 s in a prompt for a
-        0.1 s call, 2026-11-27). choose="auto" promises no compile in a prompt: the kind runs eagerly."""
+        by frame (Wan's VAE encode of one frame: 31 Dynamo frames and its recompile limit met, 25.8 s in a
+        prompt for a 0.1 s call, on a quiet 2-core CPU, 2026-11-27). choose="auto" promises no compile in a
+        prompt: the kind runs eagerly."""
         if self.path == "eager":
             return
         self.path = "eager"

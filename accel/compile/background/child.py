@@ -103,7 +103,7 @@ def compile_item(item: dict, registry) -> dict:
     batches = set()  # the calls' batches (batch_twin.batch_of)
     # A graph break raises at once (Dynamo's error_on_graph_break) instead of compiling the kind as several graphs:
     # those could not be saved whole, and the parent runs such a kind eagerly (kind_choice.compiles_only_in_pieces),
-    # so compiling them was wasted (Wan's VAE encode: 29 graphs, 97 s of a child here, 2026-11-27).
+    # so compiling them was wasted (Wan's VAE encode: 29 graphs, 105 s of a child here, 2026-11-27).
     with torch.inference_mode(item["inference"]), torch.set_grad_enabled(item["grad"]), \
             torch._dynamo.error_on_graph_break(True):
         for call in item["calls"]:
