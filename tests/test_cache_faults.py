@@ -8,7 +8,7 @@ the test's own:
   temporary cache), one warning naming the directory and the fix; once there is room again, the next process
   persists. The small file system is a tmpfs of its own, which needs root with CAP_SYS_ADMIN (this project's
   machines have both); elsewhere the test says so and skips;
-- a damaged shares file (compile/saved_shares.py) is read as none, measured again and rewritten whole;
+- a damaged shares file (compile/saved_findings.py) is read as none, measured again and rewritten whole;
 - a precompiled function file of another format (an older pack's) counts as none: the kind goes to a child, as
   one without any, rather than load through Dynamo in a prompt;
 - a damaged background job (its job.pkl) fails that job alone: the child says why in the job's done file and
@@ -83,16 +83,16 @@ def test_a_full_disk_costs_persistence_not_the_prompt(tmp_path):
 
 
 def test_a_damaged_shares_file_is_measured_again_and_rewritten(engine, tmp_path, monkeypatch):
-    saved_shares = engine.saved_shares
+    saved_findings = engine.saved_findings
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cache"))  # a cache of this test's own
-    path = saved_shares._path("cpu")
+    path = saved_findings._path("cpu")
     path.write_text('{"kind-a": 0.4, "kind-b"')  # cut off, as by a full disk under an older writer
-    saved_shares._known.pop(path, None)
-    assert saved_shares.saved_share("cpu", "kind-a") is None  # damaged: nothing trusted from it
-    saved_shares.save_shares("cpu", {"kind-a": 0.25})  # measured again
+    saved_findings._known.pop(path, None)
+    assert saved_findings.saved_share("cpu", "kind-a") is None  # damaged: nothing trusted from it
+    saved_findings.save_shares("cpu", {"kind-a": 0.25})  # measured again
     assert json.loads(path.read_text()) == {"kind-a": 0.25}
-    saved_shares._known.pop(path, None)  # as a later process reads it
-    assert saved_shares.saved_share("cpu", "kind-a") == 0.25
+    saved_findings._known.pop(path, None)  # as a later process reads it
+    assert saved_findings.saved_share("cpu", "kind-a") == 0.25
 
 
 def test_a_precompiled_file_of_another_format_counts_as_none(accel_pack, tmp_path):

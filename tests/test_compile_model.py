@@ -237,7 +237,7 @@ def test_kind_shares_are_saved_for_later_processes(engine, comfy_nodes, compiled
     import json
 
     sample(engine.compile_model(compiled_small["model"], engine.CompileOptions()), steps=2)  # profiled by now
-    path = engine.saved_shares._path("cpu")
+    path = engine.saved_findings._path("cpu")
     saved = json.loads(path.read_text())
     site = next(s for s in engine.blocks.find_repeated_blocks(compiled_small["model"].model.diffusion_model)
                 if s.kind.label.startswith("SpatialTransformer"))

@@ -9,7 +9,7 @@ Layout, one directory per environment (see location.py):
     <root>/<env id>/artifacts/<key>/last_used
     <root>/<env id>/artifacts/<key>/precompiled/*.bin  torch's AOT precompiled functions of the key's graphs
                                           (compile/precompiled.py): loaded without Dynamo tracing
-    <root>/<env id>/auto_call_shares.json each block kind's share of a UNet call (compile/saved_shares.py)
+    <root>/<env id>/auto_call_shares.json each block kind's share of a UNet call (compile/saved_findings.py)
 
 With ACCEL_REMOTE_CACHE set, a compile key's artifacts are also published to a shared store, and fetched from
 it (verified) into `artifacts/` when this directory lacks them (remote.py): the directory stays the first level.

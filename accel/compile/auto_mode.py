@@ -5,7 +5,7 @@
 mode's stages, all on the sampler's real calls, never on extra ones (so measuring never changes a result):
 
 1. PROFILE: a model's first call runs eagerly and times each kind's share of it. A kind under
-   kind_choice.MIN_CALL_SHARE is never compiled. Shares are saved for later processes (saved_shares.py).
+   kind_choice.MIN_CALL_SHARE is never compiled. Shares are saved for later processes (saved_findings.py).
 2. DISPATCH while kinds are undecided: each undecided kind's real block calls alternate between its compiled and
    eager path, timed, and the kind keeps the faster (kind_choice.py). Cold kinds meanwhile may compile in a
    child process (background/), their blocks running eagerly until it is done; so may a compiled kind's new
@@ -38,7 +38,7 @@ from .background import ACTIVITY, BACKGROUND, IDLE_GATE, SETTLED_STATES, Dropped
 from .kind_choice import FASTER_MARGIN, MAX_RECHECKS, RECHECK_AFTER_RUNS, RECHECK_BAND
 from .kinds import KindEntry
 from .routes import CallMode, CallPlan
-from .saved_shares import save_shares
+from .saved_findings import save_shares
 
 log = logging.getLogger("comfyui_accel")
 

@@ -2,7 +2,7 @@
 
 Two questions, answered from the sampler's own calls and never from extra ones:
 1. Is the kind worth compiling? Its blocks' share of an eagerly run UNet call (measured by auto_mode's profile
-   call, or read from an earlier process through saved_shares.py): under MIN_CALL_SHARE, never compiled.
+   call, or read from an earlier process through saved_findings.py): under MIN_CALL_SHARE, never compiled.
 2. Is it faster compiled? Its blocks' real calls alternate between the compiled and the eager path, each timed,
    until both sides have TIMED_CALLS_PER_SIDE calls of one input shape; the faster side (best of each) is kept.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 
 from .background.activity import DroppedSamples
-from .saved_shares import saved_share
+from .saved_findings import saved_share
 
 log = logging.getLogger("comfyui_accel")
 
@@ -48,7 +48,7 @@ class KindChoice:
 
     def __init__(self, label: str, share_id: str, device_type: str):
         self.label = label
-        self.share_id = share_id  # the kind on this device and torch, whatever the options (saved_shares.py)
+        self.share_id = share_id  # the kind on this device and torch, whatever the options (saved_findings.py)
         self.share: float | None = None
         self.path: str | None = None  # None until decided, then "compiled" or "eager"
         self.reason = ""
