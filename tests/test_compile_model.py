@@ -348,6 +348,15 @@ def test_compile_vae_runs_a_vae_that_compiles_only_in_pieces_eagerly(engine, com
     said = [r.getMessage() for r in caplog.records if kind["kind"] in r.getMessage()]
     assert len(said) == 1 and "runs eagerly" in said[0] and "always compiled" in said[0], said
 
+    # Saved beside the compile cache: a later process's choice for the kind starts eager, so a restart sends the
+    # kind to no child (before, each restart paid the child's job again, 13.8 s here, to find the same graph break).
+    findings = engine.saved_findings
+    path = findings._path("cpu", findings.IN_PIECES_FILE)
+    (share_id, why), = json.loads(path.read_text()).items()
+    findings._known.pop(path, None)  # as a later process reads it
+    later = engine.kind_choice.KindChoice(kind["kind"], share_id, "cpu")
+    assert later.path == "eager" and "found earlier" in later.reason and why in later.reason, later.reason
+
 
 def test_bad_option_names_the_problem_and_the_choices(engine):
     with pytest.raises(ValueError, match=r"mode='fast' is not one of default, max-autotune-no-cudagraphs"):

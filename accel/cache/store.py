@@ -10,6 +10,7 @@ Layout, one directory per environment (see location.py):
     <root>/<env id>/artifacts/<key>/precompiled/*.bin  torch's AOT precompiled functions of the key's graphs
                                           (compile/precompiled.py): loaded without Dynamo tracing
     <root>/<env id>/auto_call_shares.json each block kind's share of a UNet call (compile/saved_findings.py)
+    <root>/<env id>/auto_in_pieces.json   the kinds a child found compile only in pieces (compile/saved_findings.py)
 
 With ACCEL_REMOTE_CACHE set, a compile key's artifacts are also published to a shared store, and fetched from
 it (verified) into `artifacts/` when this directory lacks them (remote.py): the directory stays the first level.
@@ -51,6 +52,7 @@ ARTIFACT_NAME = re.compile(r"[0-9a-f]{20}\.bin")  # what _save names a file
 PRECOMPILED_DIR = "precompiled"  # inside a key's folder: its precompiled functions (compile/precompiled.py)
 PRECOMPILED_SUFFIX = "-precompiled"  # a key's precompiled functions in the remote store: their own key id
 SHARES_FILE = "auto_call_shares.json"
+IN_PIECES_FILE = "auto_in_pieces.json"
 EVICT_EVERY_S = 30.0  # sizing a cache walks its files: at most this often per process
 NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 NO_ROOM_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")

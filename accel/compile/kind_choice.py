@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 
 from .background.activity import DroppedSamples
-from .saved_findings import saved_share
+from .saved_findings import save_in_pieces, saved_in_pieces, saved_share
 
 log = logging.getLogger("comfyui_accel")
 
@@ -49,6 +49,7 @@ class KindChoice:
     def __init__(self, label: str, share_id: str, device_type: str):
         self.label = label
         self.share_id = share_id  # the kind on this device and torch, whatever the options (saved_findings.py)
+        self.device_type = device_type
         self.share: float | None = None
         self.path: str | None = None  # None until decided, then "compiled" or "eager"
         self.reason = ""
@@ -60,6 +61,9 @@ class KindChoice:
         saved = saved_share(device_type, share_id)
         if saved is not None:
             self.note_share(saved, measured_here=False)
+        in_pieces = saved_in_pieces(device_type, share_id)
+        if in_pieces is not None:
+            self.compiles_only_in_pieces(in_pieces, found_here=False)
 
     @property
     def decided(self) -> bool:
@@ -74,17 +78,20 @@ class KindChoice:
                            f"{'' if measured_here else ', measured earlier'}): not worth compiling")
             log.info("[Accel] %s: not compiled, %s", self.label, self.reason)
 
-    def compiles_only_in_pieces(self, why: str) -> None:
+    def compiles_only_in_pieces(self, why: str, found_here: bool = True) -> None:
         """A child met a graph break in the kind: Dynamo compiles it only as several graphs, which cannot be saved
         as one precompiled function, so this process, and every restart, would trace it again in a prompt, frame
         by frame (Wan's VAE encode of one frame: 31 Dynamo frames and its recompile limit met, 25.8 s in a
         prompt for a 0.1 s call, on a quiet 2-core CPU, 2026-11-27). choose="auto" promises no compile in a
-        prompt: the kind runs eagerly."""
+        prompt: the kind runs eagerly. Saved for later processes (saved_findings.py), which then send it to no
+        child: `found_here` is False for what they read."""
         if self.path == "eager":
             return
         self.path = "eager"
-        self.reason = (f"compiles only as several graphs (a graph break: {why}), which each process would trace "
-                       "again in a prompt: runs eagerly")
+        self.reason = (f"compiles only as several graphs (a graph break{'' if found_here else ', found earlier'}: "
+                       f"{why}), which each process would trace again in a prompt: runs eagerly")
+        if found_here:
+            save_in_pieces(self.device_type, self.share_id, why)
         log.warning("[Accel] %s: runs eagerly: it %s. The output is unaffected. To compile it in the prompt anyway: "
                     "choose \"always compiled\" on Compile Model, mode low-memory on Compile VAE.", self.label,
                     self.reason.removesuffix(": runs eagerly"))

@@ -1,12 +1,20 @@
-"""Each block kind's share of a UNet call (choose="auto", first stage), kept in the environment's cache directory.
+"""What one process found about a block kind (choose="auto"), kept in the environment's cache directory for the
+processes after it. Each finding is a JSON file of kind id -> value, read once per process:
 
-The share decides whether a kind is compiled at all. Measured again in every process, a kind near the threshold
-could fall on the other side of it from one process to the next, and the persistent cache would then hold no
-graph for it: the later process would compile it cold. So a share is measured once per environment and kind (the
-block's class and parameter signature, device and torch; not the compile options, which do not change eager
-timing), and later processes read it. `python -m accel cache clear` forgets it with the rest of the cache. With a
-remote store (cache/remote.py), shares are published there, signed, and a worker reads the fleet's shares where
-its own directory has none.
+- **Its share of a UNet call** (auto_call_shares.json, first stage), which decides whether a kind is compiled at
+  all. Measured again in every process, a kind near the threshold could fall on the other side of it from one
+  process to the next, and the persistent cache would then hold no graph for it: the later process would compile
+  it cold. So a share is measured once per environment and kind (the block's class and parameter signature,
+  device and torch; not the compile options, which do not change eager timing), and later processes read it.
+  With a remote store (cache/remote.py), shares are published there, signed, and a worker reads the fleet's
+  shares where its own directory has none.
+- **That it compiles only in pieces** (auto_in_pieces.json: why). A child met a graph break in it, so no
+  precompiled function can hold it and it runs eagerly (kind_choice.compiles_only_in_pieces). Found again, it
+  would cost each restart a background job that saves nothing (Wan's VAE encode: a 13.8 s job on the 2-core CPU,
+  2026-11-27). Kept locally only: neither exported nor published, so another machine finds it once for itself.
+  The kind id names torch's version, whose Dynamo decides what breaks a graph.
+
+`python -m accel cache clear` forgets both with the rest of the cache.
 """
 from __future__ import annotations
 
@@ -14,14 +22,15 @@ import json
 import logging
 import threading
 from pathlib import Path
+from typing import Callable
 
 from ..cache import COMPILE_CACHE
 from ..cache.remote import remote_store
-from ..cache.store import SHARES_FILE, write_atomic
+from ..cache.store import IN_PIECES_FILE, SHARES_FILE, write_atomic
 
 log = logging.getLogger("comfyui_accel")
 _lock = threading.Lock()
-_known: dict[Path, dict] = {}  # each shares file as this process read or last wrote it: read once, not per kind
+_known: dict[Path, dict] = {}  # each findings file as this process read or last wrote it: read once, not per kind
 
 
 def _remote_shares(device_type: str) -> dict:
@@ -30,9 +39,9 @@ def _remote_shares(device_type: str) -> dict:
     return {} if remote is None else remote.shares(COMPILE_CACHE.environment(device_type).env_id)
 
 
-def _path(device_type: str) -> Path | None:
+def _path(device_type: str, name: str = SHARES_FILE) -> Path | None:
     env = COMPILE_CACHE.environment(device_type)
-    return env.dir / SHARES_FILE if env.check_usable() else None
+    return env.dir / name if env.check_usable() else None
 
 
 def _read(path: Path) -> dict:
@@ -43,14 +52,30 @@ def _read(path: Path) -> dict:
         return {}  # none yet, or damaged: measured again, then rewritten
 
 
+def _saved(path: Path, kind_id: str, remote: Callable[[], dict] = dict):
+    with _lock:
+        if path not in _known:
+            _known[path] = {**remote(), **_read(path)}  # what this machine found wins
+        return _known[path].get(kind_id)
+
+
+def _save(path: Path, found: dict, what: str) -> None:
+    with _lock:  # read, add, replace: another process's concurrent write may be lost, and is then found again
+        current = _read(path)  # from disk, to keep what other processes saved meanwhile
+        current.update(found)
+        _known[path] = current
+        try:
+            write_atomic(path, json.dumps(current, indent=1, sort_keys=True).encode())
+        except OSError as err:
+            log.warning("[Accel] compile cache: could not save %s to %s (%s); the next process finds them again.",
+                        what, path, err)
+
+
 def saved_share(device_type: str, kind_id: str) -> float | None:
     path = _path(device_type)
     if path is None:
         return None
-    with _lock:
-        if path not in _known:
-            _known[path] = {**_remote_shares(device_type), **_read(path)}  # what this machine measured wins
-        value = _known[path].get(kind_id)
+    value = _saved(path, kind_id, lambda: _remote_shares(device_type))
     return float(value) if isinstance(value, (int, float)) and 0.0 <= value <= 1.0 else None
 
 
@@ -62,12 +87,17 @@ def save_shares(device_type: str, shares: dict[str, float]) -> None:
     remote = remote_store()
     if remote is not None:
         remote.publish_shares(COMPILE_CACHE.environment(device_type).env_id, shares)
-    with _lock:  # read, add, replace: another process's concurrent write may be lost, and is then re-measured
-        current = _read(path)  # from disk, to keep what other processes saved meanwhile
-        current.update({kind_id: round(share, 5) for kind_id, share in shares.items()})
-        _known[path] = current
-        try:
-            write_atomic(path, json.dumps(current, indent=1, sort_keys=True).encode())
-        except OSError as err:
-            log.warning("[Accel] compile cache: could not save block shares to %s (%s); the next process measures "
-                        "them again.", path, err)
+    _save(path, {kind_id: round(share, 5) for kind_id, share in shares.items()}, "block shares")
+
+
+def saved_in_pieces(device_type: str, kind_id: str) -> str | None:
+    """Why an earlier process found the kind compiles only in pieces, or None."""
+    path = _path(device_type, IN_PIECES_FILE)
+    value = None if path is None else _saved(path, kind_id)
+    return value if isinstance(value, str) else None
+
+
+def save_in_pieces(device_type: str, kind_id: str, why: str) -> None:
+    path = _path(device_type, IN_PIECES_FILE)
+    if path is not None:
+        _save(path, {kind_id: why}, "which kinds compile only in pieces")
