@@ -77,7 +77,7 @@ _contexts_lock = threading.Lock()
 _with_passed: dict[tuple, str] = {}  # (block context, functions passed in the call's dicts) -> context
 
 
-def _comfyui_identity() -> str:
+def comfyui_identity() -> str:
     """ComfyUI's version, its compute flags and the attention functions it picked at import."""
     global _comfy_identity
     if _comfy_identity is None:
@@ -116,7 +116,7 @@ def context_of(block: torch.nn.Module, forward: Callable, args: tuple, kwargs: d
         found = _block_contexts.get(block)
     if found is None:
         classes = sorted({_name_of(t) for m in block.modules() for t in type(m).__mro__})
-        text = json.dumps([FORMAT, _comfyui_identity(), classes, _name_of(forward)])
+        text = json.dumps([FORMAT, comfyui_identity(), classes, _name_of(forward)])
         found = hashlib.sha256(text.encode()).hexdigest()[:16]
         with _contexts_lock:
             _block_contexts[block] = found
