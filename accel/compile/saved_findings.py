@@ -12,12 +12,15 @@ processes after it. Each finding is a JSON file of kind id -> value, read once p
   precompiled function can hold it and it runs eagerly (kind_choice.compiles_only_in_pieces). Found again, it
   would cost each restart a background job that saves nothing (Wan's VAE encode: a 13.8 s job on the 2-core CPU,
   2026-11-27). Kept locally only: neither exported nor published, so another machine finds it once for itself.
-  The kind id names torch's version, whose Dynamo decides what breaks a graph.
+  The kind id names torch's version, whose Dynamo decides what breaks a graph; the finding also keeps the code it
+  was found on (ComfyUI's version and compute flags, the pack's version): after an update of either, whose model
+  code may trace whole, it is found again.
 
 `python -m accel cache clear` forgets both with the rest of the cache.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -90,14 +93,23 @@ def save_shares(device_type: str, shares: dict[str, float]) -> None:
     _save(path, {kind_id: round(share, 5) for kind_id, share in shares.items()}, "block shares")
 
 
+def _code() -> str:
+    """A digest of the code a kind was traced in: ComfyUI's (version, compute flags, attention) and the pack's."""
+    from .. import __version__
+    from .precompiled import comfyui_identity
+
+    return hashlib.sha256(json.dumps([comfyui_identity(), __version__]).encode()).hexdigest()[:16]
+
+
 def saved_in_pieces(device_type: str, kind_id: str) -> str | None:
-    """Why an earlier process found the kind compiles only in pieces, or None."""
+    """Why an earlier process, on this code, found the kind compiles only in pieces, or None."""
     path = _path(device_type, IN_PIECES_FILE)
     value = None if path is None else _saved(path, kind_id)
-    return value if isinstance(value, str) else None
+    found_on_this_code = isinstance(value, dict) and value.get("code") == _code()
+    return str(value.get("why")) if found_on_this_code else None
 
 
 def save_in_pieces(device_type: str, kind_id: str, why: str) -> None:
     path = _path(device_type, IN_PIECES_FILE)
     if path is not None:
-        _save(path, {kind_id: why}, "which kinds compile only in pieces")
+        _save(path, {kind_id: {"why": why, "code": _code()}}, "which kinds compile only in pieces")
