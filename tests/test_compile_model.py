@@ -326,7 +326,9 @@ def test_compile_vae_runs_a_vae_that_compiles_only_in_pieces_eagerly(engine, com
     in a prompt (before: 31 frames, Dynamo's recompile limit met, 26 s in the prompt for a 0.1 s encode, 2026-11-27).
     With Compile VAE's defaults the first encode runs eagerly while a child compiles it; the child says it broke
     into graphs, and from then the kind runs eagerly, said once in a warning and in its stats: no encode runs Dynamo
-    in this process, every output is eager's. On the templates' stand-in for wan_2.1_vae.safetensors."""
+    in this process, every output is eager's. The finding is saved in the compile cache: a later process's choice
+    for the kind starts eager (no child), unless the finding was made on other code. On the templates' stand-in
+    for wan_2.1_vae.safetensors."""
     import comfy.sd
     import comfy.utils
     from tools.template_models import standins_dir
