@@ -90,8 +90,13 @@ class KindChoice:
         self.path = "eager"
         self.reason = (f"compiles only as several graphs (a graph break{'' if found_here else ', found earlier'}: "
                        f"{why}), which each process would trace again in a prompt: runs eagerly")
-        if found_here:
-            save_in_pieces(self.device_type, self.share_id, why)
+        if not found_here:
+            # read when a process first meets the kind, whatever its choose option (always compiled does not ask
+            # the choice): the warning was given when the kind was found; the reason is in its stats and status
+            log.info("[Accel] %s: runs eagerly under choose=auto: it %s.", self.label,
+                     self.reason.removesuffix(": runs eagerly"))
+            return
+        save_in_pieces(self.device_type, self.share_id, why)
         log.warning("[Accel] %s: runs eagerly: it %s. The output is unaffected. To compile it in the prompt anyway: "
                     "choose \"always compiled\" on Compile Model, mode low-memory on Compile VAE.", self.label,
                     self.reason.removesuffix(": runs eagerly"))
