@@ -206,22 +206,28 @@ def test_export_and_import_move_the_cache(filled, tmp_path):
     shared = filled
     exported = tmp_path / "cache.zip"
     env = {**os.environ, "ACCEL_CACHE_DIR": str(shared["dir"])}
-    # auto mode's saved block shares travel too (the probes compile "always", so none were measured: two are
-    # written here in the file's own format); on import, shares already measured on the target machine win
+    # auto mode's findings travel too: its saved block shares and the kinds found to compile only in pieces (the
+    # probes compile "always", so none were found: they are written here in the files' own format); on import,
+    # what the target machine found itself wins
     env_id = next(p.name for p in shared["dir"].iterdir() if (p / "fingerprint.json").is_file())
     (shared["dir"] / env_id / "auto_call_shares.json").write_text(json.dumps({"kind-a": 0.2, "kind-b": 0.01}))
+    in_pieces = {"kind-c": {"why": "a graph break", "code": "exported"}, "kind-d": {"why": "two", "code": "exported"}}
+    (shared["dir"] / env_id / "auto_in_pieces.json").write_text(json.dumps(in_pieces))
     cli = [sys.executable, "-m", "accel", "cache"]
     out = subprocess.run([*cli, "export", str(exported)], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0 and "exported" in out.stdout, out.stderr
     target = tmp_path / "imported"
     (target / env_id).mkdir(parents=True)
     (target / env_id / "auto_call_shares.json").write_text(json.dumps({"kind-a": 0.5}))
+    (target / env_id / "auto_in_pieces.json").write_text(json.dumps({"kind-c": {"why": "mine", "code": "here"}}))
     out = subprocess.run([*cli, "import", str(exported)], cwd=ROOT, capture_output=True, text=True,
                          env={**env, "ACCEL_CACHE_DIR": str(target)})
     assert out.returncode == 0 and "imported" in out.stdout, out.stderr + out.stdout
     source_files = {p.relative_to(shared["dir"]) for p in shared["dir"].glob("*/artifacts/*/*.bin")}
     assert {p.relative_to(target) for p in target.glob("*/artifacts/*/*.bin")} == source_files
     assert json.loads((target / env_id / "auto_call_shares.json").read_text()) == {"kind-a": 0.5, "kind-b": 0.01}
+    assert json.loads((target / env_id / "auto_in_pieces.json").read_text()) == {
+        "kind-c": {"why": "mine", "code": "here"}, "kind-d": in_pieces["kind-d"]}
     # a new process on the imported cache compiles nothing cold, C++ kernels included: it builds no C++ source
     # (the run's compiler cache logs every build, each with its test); without that log, it takes a fraction of
     # the cold compile's time

@@ -164,6 +164,7 @@ def test_the_store_is_scoped_by_environment_and_secret(tmp_path, accel_pack, mon
         data = store.pack_artifact(b"compiled code", "a block kind")
         assert remote.remote_store().publish(publisher.env_id, publisher.fingerprint, ident, name, data, "a kind")
         remote.remote_store().publish_shares(publisher.env_id, {"kind-a": 0.25})
+        remote.remote_store().publish_in_pieces(publisher.env_id, {"kind-b": {"why": "a graph break", "code": "c"}})
 
         worker = store.EnvironmentCache(tmp_path / "worker", "cpu")  # same environment, empty directory
         assert worker.has_artifacts(ident) and (worker.artifacts_dir / ident / name).read_bytes() == data
@@ -196,9 +197,10 @@ def test_the_store_is_scoped_by_environment_and_secret(tmp_path, accel_pack, mon
         monkeypatch.setenv(remote.KEY_ENV, SECRET)
         monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cli-cache"))
         cli = run_cli(accel_pack, ["cache", "info"], capsys)
-        assert [(e["keys"], e["artifacts"], e["shares"]) for e in json.loads(cli)["remote"]] == [(1, 1, 1)], cli
+        assert [(e["keys"], e["artifacts"], e["shares"], e["in_pieces"]) for e in json.loads(cli)["remote"]] == \
+            [(1, 1, 1, 1)], cli
         cleared = run_cli(accel_pack, ["cache", "clear", "--remote"], capsys)
-        assert "removed 5 entries" in cleared, cleared  # fingerprint, key set, files, manifest, shares
+        assert "removed 6 entries" in cleared, cleared  # fingerprint, key set, files, manifest, shares, in pieces
         assert json.loads(run_cli(accel_pack, ["cache", "info"], capsys))["remote"][0]["keys"] == 0
 
         redis.stop()
@@ -215,6 +217,31 @@ def test_the_store_is_scoped_by_environment_and_secret(tmp_path, accel_pack, mon
     with caplog.at_level("WARNING", logger="comfyui_accel"):
         assert remote.remote_store() is None
     assert "ACCEL_REMOTE_CACHE_KEY is missing" in caplog.text
+
+
+def test_a_kind_found_to_compile_only_in_pieces_is_found_once_per_fleet(tmp_path, engine, accel_pack, monkeypatch,
+                                                                       caplog):
+    """A worker whose child found a kind compiles only in pieces (Wan's VAE) publishes the finding, signed: a new
+    worker with an empty directory starts the kind eager, sending it to no child; a finding signed with another
+    secret is refused with a warning, and that worker's choice stays undecided (its own child finds it)."""
+    findings = engine.saved_findings
+    why = "a graph break: the encode's causal cache"
+    with store_on_redis(tmp_path, accel_pack, monkeypatch) as (redis, remote, store, _):
+        monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "first"))
+        findings.save_in_pieces("cpu", "kind-vae", why)
+        (saved,) = (tmp_path / "first").glob(f"*/{store.IN_PIECES_FILE}")
+        assert json.loads(saved.read_text())["kind-vae"]["why"] == why
+
+        monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "new-worker"))  # empty: only the store knows
+        assert findings.saved_in_pieces("cpu", "kind-vae") == why
+        later = engine.kind_choice.KindChoice("WanVAE.encode", "kind-vae", "cpu")
+        assert later.path == "eager" and "found earlier" in later.reason and why in later.reason, later.reason
+
+        monkeypatch.setenv(remote.KEY_ENV, "another-fleet-secret-0123456789")
+        monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "stranger"))
+        with caplog.at_level("WARNING", logger="comfyui_accel"):
+            assert engine.kind_choice.KindChoice("WanVAE.encode", "kind-vae", "cpu").path is None
+        assert "refusing the finding that kind-vae compiles only in pieces" in caplog.text, caplog.text
 
 
 def test_torchs_own_fx_graph_cache_reads_through_the_endpoint_only_what_verifies(tmp_path, accel_pack, monkeypatch,

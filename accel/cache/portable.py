@@ -8,9 +8,10 @@ Import checks each environment's fingerprint against this machine and skips, wit
 another torch, GPU, driver or CPU; it never overwrites a file that is already there.
 
 The manifest lists every file with its SHA-256. Import checks the whole archive before it writes anything: every
-name inside its environment's artifacts, `inductor/` or shares file, every file's hash, every artifact's own
-checksum; one failure and nothing is written. That catches a damaged or altered file, not a forged archive (whoever
-alters files can rewrite the manifest): a compile cache is code, import only archives you built (README).
+name inside its environment's artifacts, `inductor/` or findings files (auto mode's per-kind shares and the kinds
+found to compile only in pieces), every file's hash, every artifact's own checksum; one failure and nothing is
+written. That catches a damaged or altered file, not a forged archive (whoever alters files can rewrite the
+manifest): a compile cache is code, import only archives you built (README).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 from .location import environment_id, fingerprint
-from .store import PRECOMPILED_DIR, SHARES_FILE, unpack_artifact, write_atomic
+from .store import FINDINGS_FILES, PRECOMPILED_DIR, unpack_artifact, write_atomic
 
 FORMAT = "comfyui-accel-compile-cache/2"  # /2: the manifest has each file's sha256
 READABLE = (FORMAT, "comfyui-accel-compile-cache/1")
@@ -51,11 +52,11 @@ def export_cache(root: Path, destination: Path) -> dict:
                     archive.write(path, name)
                     files.append(name)
                     hashes[name] = _sha256_file(path)
-            shares = env_dir / SHARES_FILE
-            if shares.is_file():  # which kinds auto mode compiles: the same ones as on the exporting machine
-                archive.write(shares, shares.relative_to(root).as_posix())
-                files.append(shares.relative_to(root).as_posix())
-                hashes[files[-1]] = _sha256_file(shares)
+            for findings in (env_dir / name for name in FINDINGS_FILES):
+                if findings.is_file():  # auto mode decides each kind as on the exporting machine
+                    archive.write(findings, findings.relative_to(root).as_posix())
+                    files.append(findings.relative_to(root).as_posix())
+                    hashes[files[-1]] = _sha256_file(findings)
             manifest["environments"].append({"env_id": env_dir.name, "files": files, "sha256": hashes,
                                              "fingerprint": json.loads((env_dir / "fingerprint.json").read_text())})
         archive.writestr("manifest.json", json.dumps(manifest, indent=1))
@@ -92,8 +93,8 @@ def import_cache(root: Path, source: Path, device_types: tuple[str, ...]) -> lis
             imported = 0
             for name in env["files"]:
                 data = archive.read(name)
-                if name.split("/")[1:] == [SHARES_FILE]:  # merged: shares measured on this machine win
-                    imported += _merge_shares(root / name, data)
+                if _is_findings(name):  # merged: what this machine found itself wins
+                    imported += _merge_findings(root / name, data)
                     continue
                 target = root / name
                 if not target.exists():
@@ -110,8 +111,8 @@ def _check_entry(archive: zipfile.ZipFile, source: Path, env: dict, name: str, h
     parts = name.split("/")
     artifact = (len(parts) == 4 and parts[1] == "artifacts") or (
         len(parts) == 5 and parts[1] == "artifacts" and parts[3] == PRECOMPILED_DIR)
-    shares = parts[1:] == [SHARES_FILE]
-    if parts[0] != env["env_id"] or not (artifact or shares or parts[1:2] == ["inductor"]) or \
+    findings = _is_findings(name)
+    if parts[0] != env["env_id"] or not (artifact or findings or parts[1:2] == ["inductor"]) or \
             ".." in parts or "" in parts:
         raise ValueError(f"{source}: unexpected entry {name!r}; the file is damaged or not an export. Nothing "
                          "was imported.")
@@ -125,8 +126,8 @@ def _check_entry(archive: zipfile.ZipFile, source: Path, env: dict, name: str, h
     try:
         if artifact:
             unpack_artifact(data)  # refuse a damaged file here rather than at a prompt
-        if shares and not isinstance(json.loads(data), dict):
-            raise ValueError("not a table of shares")
+        if findings and not isinstance(json.loads(data), dict):
+            raise ValueError("not a table of findings")
     except ValueError as err:
         raise ValueError(f"{source}: {name!r} is damaged ({err}). Nothing was imported.")
 
@@ -139,17 +140,23 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _merge_shares(target: Path, data: bytes) -> int:
+def _is_findings(name: str) -> bool:
+    """An archive name `<env id>/<findings file>`: auto mode's findings per kind (store.FINDINGS_FILES)."""
+    parts = name.split("/")
+    return len(parts) == 2 and parts[1] in FINDINGS_FILES
+
+
+def _merge_findings(target: Path, data: bytes) -> int:
     try:
         incoming = json.loads(data)
     except ValueError as err:
         raise ValueError(f"{target.name} in the export is not valid JSON ({err})")
     if not isinstance(incoming, dict):
-        raise ValueError(f"{target.name} in the export is not a table of shares")
+        raise ValueError(f"{target.name} in the export is not a table of findings")
     try:
         existing = json.loads(target.read_text()) if target.is_file() else {}
     except (OSError, ValueError):
-        existing = {}  # a damaged local file: the imported shares replace it
+        existing = {}  # a damaged local file: the imported findings replace it
     existing = existing if isinstance(existing, dict) else {}
     merged = {**incoming, **existing}
     if merged == existing:

@@ -19,6 +19,8 @@ model), so a worker with another torch or GPU misses cleanly:
     art:<key id>      hash: artifact file name -> the file's bytes (store.pack_artifact's format)
     man:<key id>      hash: artifact file name -> {"sha256", "size", "label", "mac"} as JSON
     shares            hash: block kind id -> {"share", "mac"} as JSON (auto mode's measured shares)
+    in_pieces         hash: block kind id -> {"why", "code", "mac"} as JSON (kinds found to compile only in
+                      pieces, with a digest of the code they were found on: compile/saved_findings.py)
     torch:<key>       hash: "data" -> an entry of torch's own FX graph or AOTAutograd cache, "mac" -> its
                       signature (torch_remote.py: torch talks to a verifying endpoint, never to the store)
 
@@ -142,6 +144,35 @@ class RemoteStore:
         if entries:
             self._call("publish block shares", lambda: self._redis.hset(self._key(env_id, "shares"), mapping=entries))
 
+    # -- the kinds found to compile only in pieces (a forged entry could only make a kind run eagerly) ---------
+    def in_pieces(self, env_id: str) -> dict[str, dict]:
+        found = self._call("read the kinds that compile in pieces",
+                           lambda: self._redis.hgetall(self._key(env_id, "in_pieces"))) or {}
+        out = {}
+        for kind_id, raw in found.items():
+            kind_id = kind_id.decode()
+            try:
+                entry = json.loads(raw)
+                why, code = str(entry["why"]), str(entry["code"])
+                good = hmac.compare_digest(entry["mac"], self._mac(env_id, "in_pieces", kind_id, code, why))
+            except (ValueError, KeyError, TypeError):
+                good = False
+            if good:
+                out[kind_id] = {"why": why, "code": code}
+            else:
+                self.stats["remote_refused"] += 1
+                log.warning("[Accel] remote compile cache %s: refusing the finding that %s compiles only in pieces "
+                            "(bad signature); a child finds it here instead.", self.url, kind_id)
+        return out
+
+    def publish_in_pieces(self, env_id: str, found: dict[str, dict]) -> None:
+        entries = {kind_id: json.dumps({**finding, "mac": self._mac(env_id, "in_pieces", kind_id, finding["code"],
+                                                                    finding["why"])})
+                   for kind_id, finding in found.items()}
+        if entries:
+            self._call("publish the kinds that compile in pieces",
+                       lambda: self._redis.hset(self._key(env_id, "in_pieces"), mapping=entries))
+
     # -- torch's own remote caches (torch_remote.py) ---------------------------------------------------------
     def torch_get(self, env_id: str, key: str) -> bytes | None:
         """torch's entry under `key`, when its signature verifies; None (a miss) otherwise."""
@@ -207,7 +238,8 @@ class RemoteStore:
                 sizes += sum(json.loads(entry).get("size", 0) for entry in entries)
             torch_entries = sum(1 for _ in self._redis.scan_iter(match=self._key(env_id, "torch", "*"), count=500))
             return {"keys": len(idents), "artifacts": files, "megabytes": round(sizes / 2**20, 1),
-                    "shares": self._redis.hlen(self._key(env_id, "shares")), "torch_entries": torch_entries}
+                    "shares": self._redis.hlen(self._key(env_id, "shares")),
+                    "in_pieces": self._redis.hlen(self._key(env_id, "in_pieces")), "torch_entries": torch_entries}
 
         return {"url": self.url, "env_id": env_id, **(self._call("read what it holds", read, quiet=True) or
                                                        {"problem": self._problem})}

@@ -53,6 +53,9 @@ PRECOMPILED_DIR = "precompiled"  # inside a key's folder: its precompiled functi
 PRECOMPILED_SUFFIX = "-precompiled"  # a key's precompiled functions in the remote store: their own key id
 SHARES_FILE = "auto_call_shares.json"
 IN_PIECES_FILE = "auto_in_pieces.json"
+# What auto mode found per kind (compile/saved_findings.py): tables of kind id -> finding, exported with the
+# artifacts and merged on import, the target machine's own findings first (portable.py).
+FINDINGS_FILES = (SHARES_FILE, IN_PIECES_FILE)
 EVICT_EVERY_S = 30.0  # sizing a cache walks its files: at most this often per process
 NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 NO_ROOM_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")

@@ -11,10 +11,10 @@ processes after it. Each finding is a JSON file of kind id -> value, read once p
 - **That it compiles only in pieces** (auto_in_pieces.json: why). A child met a graph break in it, so no
   precompiled function can hold it and it runs eagerly (kind_choice.compiles_only_in_pieces). Found again, it
   would cost each restart a background job that saves nothing (Wan's VAE encode: a 13.8 s job on the 2-core CPU,
-  2026-11-27). Kept locally only: neither exported nor published, so another machine finds it once for itself.
-  The kind id names torch's version, whose Dynamo decides what breaks a graph; the finding also keeps the code it
-  was found on (ComfyUI's version and compute flags, the pack's version): after an update of either, whose model
-  code may trace whole, it is found again.
+  2026-11-27). It travels as the shares do (exported, published to a remote store, signed), so a fleet finds it
+  once. The kind id names torch's version, whose Dynamo decides what breaks a graph; the finding also keeps the
+  code it was found on (ComfyUI's version and compute flags, the pack's version): after an update of either, whose
+  model code may trace whole, it is found again.
 
 `python -m accel cache clear` forgets both with the rest of the cache.
 """
@@ -36,10 +36,11 @@ _lock = threading.Lock()
 _known: dict[Path, dict] = {}  # each findings file as this process read or last wrote it: read once, not per kind
 
 
-def _remote_shares(device_type: str) -> dict:
-    """The store's shares for this environment, verified (none without a store, or when it fails)."""
+def _remote(device_type: str, table: str) -> dict:
+    """The store's findings `table` ("shares" or "in_pieces") for this environment, verified (none without a
+    store, or when it fails)."""
     remote = remote_store()
-    return {} if remote is None else remote.shares(COMPILE_CACHE.environment(device_type).env_id)
+    return {} if remote is None else getattr(remote, table)(COMPILE_CACHE.environment(device_type).env_id)
 
 
 def _path(device_type: str, name: str = SHARES_FILE) -> Path | None:
@@ -78,7 +79,7 @@ def saved_share(device_type: str, kind_id: str) -> float | None:
     path = _path(device_type)
     if path is None:
         return None
-    value = _saved(path, kind_id, lambda: _remote_shares(device_type))
+    value = _saved(path, kind_id, lambda: _remote(device_type, "shares"))
     return float(value) if isinstance(value, (int, float)) and 0.0 <= value <= 1.0 else None
 
 
@@ -104,12 +105,17 @@ def _code() -> str:
 def saved_in_pieces(device_type: str, kind_id: str) -> str | None:
     """Why an earlier process, on this code, found the kind compiles only in pieces, or None."""
     path = _path(device_type, IN_PIECES_FILE)
-    value = None if path is None else _saved(path, kind_id)
+    value = None if path is None else _saved(path, kind_id, lambda: _remote(device_type, "in_pieces"))
     found_on_this_code = isinstance(value, dict) and value.get("code") == _code()
     return str(value.get("why")) if found_on_this_code else None
 
 
 def save_in_pieces(device_type: str, kind_id: str, why: str) -> None:
     path = _path(device_type, IN_PIECES_FILE)
-    if path is not None:
-        _save(path, {kind_id: {"why": why, "code": _code()}}, "which kinds compile only in pieces")
+    if path is None:
+        return
+    found = {kind_id: {"why": why, "code": _code()}}
+    remote = remote_store()
+    if remote is not None:
+        remote.publish_in_pieces(COMPILE_CACHE.environment(device_type).env_id, found)
+    _save(path, found, "which kinds compile only in pieces")
