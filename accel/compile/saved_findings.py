@@ -14,7 +14,9 @@ processes after it. Each finding is a JSON file of kind id -> value, read once p
   2026-11-27). It travels as the shares do (exported, published to a remote store, signed), so a fleet finds it
   once. The kind id names torch's version, whose Dynamo decides what breaks a graph; the finding also keeps the
   code it was found on (ComfyUI's version and compute flags, the pack's version): after an update of either, whose
-  model code may trace whole, it is found again.
+  model code may trace whole, it is found again. Not the compile options: a break comes from the Python Dynamo
+  traces, before the backend or mode see a graph, and static or dynamic shapes broke Wan's VAE encode alike (21
+  graphs each, torch._dynamo.explain, torch 2.11, 2026-11-28).
 
 `python -m accel cache clear` forgets both with the rest of the cache.
 """
