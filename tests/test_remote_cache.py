@@ -9,6 +9,7 @@ first's bit for bit; the first's compile key then loads from its artifacts, also
 stopped during a prompt that compiles costs one warning, and the prompt completes. In the test process, on the
 pack's cache classes and the same real Redis: an artifact changed in the store is refused and the worker's own
 compile replaces it, another environment's fingerprint misses, another secret's artifacts and shares are refused,
+a kind one worker found to compile only in pieces starts eager in a new worker (refused under another secret),
 a store that is down answers at once, no secret means no store, and the command line shows and clears what the
 store holds; torch's own RemoteFxGraphCache, through the endpoint, reads back what it wrote and refuses what was
 changed or unsigned; the socket folder of a worker killed before its exit is removed by the next endpoint.
