@@ -38,6 +38,8 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any, Callable
 from urllib.parse import urlsplit, urlunsplit
 
 log = logging.getLogger("comfyui_accel")
@@ -50,6 +52,32 @@ CONNECT_TIMEOUT_S = 1.0
 IO_TIMEOUT_S = 5.0  # an artifact is megabytes: a read of one may take a moment on a busy network
 MIN_KEY_CHARS = 16
 TORCH_CACHES_OFF_ENV = "ACCEL_DISABLE_REMOTE_TORCH_CACHE"  # =1: only the artifacts travel (torch_remote.py)
+
+
+@dataclass(frozen=True)
+class Findings:
+    """One table of what auto mode found per kind, as the store holds it: a Redis hash of kind id -> the finding as
+    JSON with its "mac". `signed` names what the HMAC covers (kept as first published, so stores already filled
+    still verify); `value` is what a reader gets, None when the entry is out of range (refused as unsigned)."""
+    table: str
+    what: str  # in the log: "could not read <what>"
+    refused: str  # the warning after "refusing ", %s: the kind id
+    signed: Callable[[str, dict], tuple]
+    value: Callable[[dict], Any]
+
+
+def _share(entry: dict) -> float | None:
+    share = float(entry["share"])
+    return share if 0.0 <= share <= 1.0 else None
+
+
+SHARES = Findings("shares", "block shares", "the block share of %s (bad signature); it is measured here instead.",
+                  lambda kind_id, entry: ("share", kind_id, repr(float(entry["share"]))), _share)
+# a forged entry could only make a kind run eagerly; it is signed all the same
+IN_PIECES = Findings("in_pieces", "the kinds that compile in pieces",
+                     "the finding that %s compiles only in pieces (bad signature); a child finds it here instead.",
+                     lambda kind_id, entry: ("in_pieces", kind_id, str(entry["code"]), str(entry["why"])),
+                     lambda entry: {"why": str(entry["why"]), "code": str(entry["code"])})
 
 
 class RemoteStore:
@@ -115,63 +143,49 @@ class RemoteStore:
             self.stats["remote_published"] += 1
         return bool(published)
 
-    # -- auto mode's block shares -------------------------------------------------------------------------
+    # -- what auto mode found per kind (compile/saved_findings.py): signed tables, kind id -> finding ----------
     def shares(self, env_id: str) -> dict[str, float]:
-        found = self._call("read block shares", lambda: self._redis.hgetall(self._key(env_id, "shares"))) or {}
-        out = {}
-        for kind_id, raw in found.items():
-            kind_id = kind_id.decode()
-            try:
-                entry = json.loads(raw)
-                share = float(entry["share"])
-                good = hmac.compare_digest(entry["mac"], self._mac(env_id, "share", kind_id, repr(share)))
-            except (ValueError, KeyError, TypeError):
-                good = False
-            if good and 0.0 <= share <= 1.0:
-                out[kind_id] = share
-            else:
-                self.stats["remote_refused"] += 1
-                log.warning("[Accel] remote compile cache %s: refusing the block share of %s (bad signature); it is "
-                            "measured here instead.", self.url, kind_id)
-        self.stats["remote_shares_fetched"] += len(out)
-        return out
+        found = self._read_findings(env_id, SHARES)
+        self.stats["remote_shares_fetched"] += len(found)
+        return found
 
     def publish_shares(self, env_id: str, shares: dict[str, float]) -> None:
-        entries = {}
-        for kind_id, share in shares.items():
-            share = float(share)
-            entries[kind_id] = json.dumps({"share": share, "mac": self._mac(env_id, "share", kind_id, repr(share))})
-        if entries:
-            self._call("publish block shares", lambda: self._redis.hset(self._key(env_id, "shares"), mapping=entries))
+        self._publish_findings(env_id, SHARES, {kind_id: {"share": float(share)} for kind_id, share in shares.items()})
 
-    # -- the kinds found to compile only in pieces (a forged entry could only make a kind run eagerly) ---------
     def in_pieces(self, env_id: str) -> dict[str, dict]:
-        found = self._call("read the kinds that compile in pieces",
-                           lambda: self._redis.hgetall(self._key(env_id, "in_pieces"))) or {}
+        return self._read_findings(env_id, IN_PIECES)
+
+    def publish_in_pieces(self, env_id: str, found: dict[str, dict]) -> None:
+        self._publish_findings(env_id, IN_PIECES, found)
+
+    def _read_findings(self, env_id: str, findings: Findings) -> dict:
+        """The table's entries whose HMAC verifies and whose value is valid; each other one is counted and
+        refused with a warning, and this worker finds it itself."""
+        found = self._call(f"read {findings.what}",
+                           lambda: self._redis.hgetall(self._key(env_id, findings.table))) or {}
         out = {}
         for kind_id, raw in found.items():
             kind_id = kind_id.decode()
             try:
                 entry = json.loads(raw)
-                why, code = str(entry["why"]), str(entry["code"])
-                good = hmac.compare_digest(entry["mac"], self._mac(env_id, "in_pieces", kind_id, code, why))
+                value = findings.value(entry)
+                good = value is not None and hmac.compare_digest(
+                    entry["mac"], self._mac(env_id, *findings.signed(kind_id, entry)))
             except (ValueError, KeyError, TypeError):
                 good = False
             if good:
-                out[kind_id] = {"why": why, "code": code}
+                out[kind_id] = value
             else:
                 self.stats["remote_refused"] += 1
-                log.warning("[Accel] remote compile cache %s: refusing the finding that %s compiles only in pieces "
-                            "(bad signature); a child finds it here instead.", self.url, kind_id)
+                log.warning("[Accel] remote compile cache %s: refusing " + findings.refused, self.url, kind_id)
         return out
 
-    def publish_in_pieces(self, env_id: str, found: dict[str, dict]) -> None:
-        entries = {kind_id: json.dumps({**finding, "mac": self._mac(env_id, "in_pieces", kind_id, finding["code"],
-                                                                    finding["why"])})
-                   for kind_id, finding in found.items()}
-        if entries:
-            self._call("publish the kinds that compile in pieces",
-                       lambda: self._redis.hset(self._key(env_id, "in_pieces"), mapping=entries))
+    def _publish_findings(self, env_id: str, findings: Findings, entries: dict[str, dict]) -> None:
+        signed = {kind_id: json.dumps({**entry, "mac": self._mac(env_id, *findings.signed(kind_id, entry))})
+                  for kind_id, entry in entries.items()}
+        if signed:
+            self._call(f"publish {findings.what}",
+                       lambda: self._redis.hset(self._key(env_id, findings.table), mapping=signed))
 
     # -- torch's own remote caches (torch_remote.py) ---------------------------------------------------------
     def torch_get(self, env_id: str, key: str) -> bytes | None:
