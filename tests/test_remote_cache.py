@@ -223,8 +223,9 @@ def test_the_store_is_scoped_by_environment_and_secret(tmp_path, accel_pack, mon
 def test_a_kind_found_to_compile_only_in_pieces_is_found_once_per_fleet(tmp_path, engine, accel_pack, monkeypatch,
                                                                        caplog):
     """A worker whose child found a kind compiles only in pieces (Wan's VAE) publishes the finding, signed: a new
-    worker with an empty directory starts the kind eager, sending it to no child; a finding signed with another
-    secret is refused with a warning, and that worker's choice stays undecided (its own child finds it)."""
+    worker with an empty directory starts the kind eager, sending it to no child, and so does one whose own finding
+    is from older code (the store's is from this code); a finding signed with another secret is refused with a
+    warning, and that worker's choice stays undecided (its own child finds it)."""
     findings = engine.saved_findings
     why = "a graph break: the encode's causal cache"
     with store_on_redis(tmp_path, accel_pack, monkeypatch) as (redis, remote, store, _):
@@ -237,6 +238,13 @@ def test_a_kind_found_to_compile_only_in_pieces_is_found_once_per_fleet(tmp_path
         assert findings.saved_in_pieces("cpu", "kind-vae") == why
         later = engine.kind_choice.KindChoice("WanVAE.encode", "kind-vae", "cpu")
         assert later.path == "eager" and "found earlier" in later.reason and why in later.reason, later.reason
+
+        # a worker whose own finding is from older code (before an update) takes the store's, found on this code
+        old = tmp_path / "updated-worker" / saved.relative_to(tmp_path / "first")
+        old.parent.mkdir(parents=True)
+        old.write_text(json.dumps({"kind-vae": {"why": "found before the update", "code": "older code"}}))
+        monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "updated-worker"))
+        assert findings.saved_in_pieces("cpu", "kind-vae") == why
 
         monkeypatch.setenv(remote.KEY_ENV, "another-fleet-secret-0123456789")
         monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "stranger"))

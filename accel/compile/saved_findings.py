@@ -58,10 +58,21 @@ def _read(path: Path) -> dict:
         return {}  # none yet, or damaged: measured again, then rewritten
 
 
-def _saved(path: Path, kind_id: str, remote: Callable[[], dict] = dict):
+def _merged(remote: dict, local: dict, usable: Callable[[object], bool]) -> dict:
+    """What this machine found wins, except a finding this code cannot use (found on older code) over the store's
+    that it can: the fleet found it again on this code, and taking it saves this worker the same background job."""
+    merged = {**remote, **local}
+    for kind_id, value in remote.items():
+        if not usable(merged[kind_id]) and usable(value):
+            merged[kind_id] = value
+    return merged
+
+
+def _saved(path: Path, kind_id: str, remote: Callable[[], dict] = dict,
+           usable: Callable[[object], bool] = lambda value: True):
     with _lock:
         if path not in _known:
-            _known[path] = {**remote(), **_read(path)}  # what this machine found wins
+            _known[path] = _merged(remote(), _read(path), usable)
         return _known[path].get(kind_id)
 
 
@@ -107,9 +118,13 @@ def _code() -> str:
 def saved_in_pieces(device_type: str, kind_id: str) -> str | None:
     """Why an earlier process, on this code, found the kind compiles only in pieces, or None."""
     path = _path(device_type, IN_PIECES_FILE)
-    value = None if path is None else _saved(path, kind_id, lambda: _remote(device_type, "in_pieces"))
-    found_on_this_code = isinstance(value, dict) and value.get("code") == _code()
-    return str(value.get("why")) if found_on_this_code else None
+    value = None if path is None else _saved(path, kind_id, lambda: _remote(device_type, "in_pieces"),
+                                             _found_on_this_code)
+    return str(value.get("why")) if _found_on_this_code(value) else None
+
+
+def _found_on_this_code(value) -> bool:
+    return isinstance(value, dict) and value.get("code") == _code()
 
 
 def save_in_pieces(device_type: str, kind_id: str, why: str) -> None:
