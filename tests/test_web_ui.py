@@ -223,11 +223,10 @@ def test_a_node_inside_a_subgraph_shows_its_status(ui):
 
 def test_swap_weights_shows_the_copy(ui):
     server, page = ui
-    nodes = open_workflow(page, "accel_swap_weights")
-    swap_node = node_id(nodes, "AccelSwapWeights")
     # Node ids repeat between workflows: the status of another workflow's node of the same id and another type
-    # must not show. Put a Swap Weights node under the id of an earlier workflow's Compile Model node.
-    taken = next(m["node"] for m in server.get_json("/accel/status").values() if m["feature"] == "compile_model")
+    # must not show. Put a Swap Weights node under the id of an earlier workflow's Accel node of another type.
+    taken = another_workflows_node(server, page)
+    swap_node = node_id(open_workflow(page, "accel_swap_weights"), "AccelSwapWeights")
     page.evaluate("""(id) => {
         const graph = window.app.graph;
         const old = graph.getNodeById(Number(id));
@@ -255,8 +254,9 @@ def test_panel_lists_the_compiled_kinds_and_clears_the_disk_cache(ui):
     deadline = time.monotonic() + 300  # the swap's run may have left background work: clear waits for none
     while server.get_json("/accel/stats")["compile"]["background"]["busy"] and time.monotonic() < deadline:
         time.sleep(1)
+    compiled_kinds_on_disk(server, page)
     root = Path(server.get_json("/accel/cache")["root"])
-    assert root.is_dir() and server.get_json("/accel/cache")["environments"], "the runs before left no cache"
+    assert root.is_dir() and server.get_json("/accel/cache")["environments"], "the compiles left no cache"
     page.click(".accel-tab-button")
     page.wait_for_selector(".accel-panel", timeout=30_000)
     panel = page.inner_text(".accel-panel")
@@ -270,6 +270,38 @@ def test_panel_lists_the_compiled_kinds_and_clears_the_disk_cache(ui):
     assert not root.exists(), f"{root} still on disk after the panel cleared it"
     assert server.get_json("/accel/cache")["environments"] == []
     page.click(".accel-tab-button")  # closes the panel
+
+
+# Each test stands alone (`pytest tests/test_web_ui.py::name`): what a test needs from an earlier prompt on the
+# module's server, it runs itself when the tests before it did not (in the file's order they did, at no cost).
+
+def another_workflows_node(server, page) -> str:
+    """The id of a node of the txt2img workflow with an Accel status other than Swap Weights' (not one inside a
+    subgraph, whose id is "outer:inner"); runs that workflow with its compile nodes bypassed (its DeepCache
+    reports, nothing compiles) when no earlier prompt left one."""
+    def found() -> str | None:
+        return next((m["node"] for m in server.get_json("/accel/status").values()
+                     if m["feature"] != "swap_weights" and ":" not in m["node"]), None)
+
+    if found() is None:
+        nodes = open_workflow(page, "accel_txt2img")
+        for node_type in ("AccelCompileModel", "AccelCompileVAE"):
+            page.evaluate("(id) => { window.app.graph.getNodeById(Number(id)).mode = 4; }", node_id(nodes, node_type))
+        queue_and_wait(page, server)
+    return found()
+
+
+def compiled_kinds_on_disk(server, page) -> None:
+    """Compiled kinds in the server's stats and in its disk cache; compiles the txt2img workflow's UNet in the
+    prompt's path (Compile VAE bypassed) when no earlier prompt left them."""
+    if server.get_json("/accel/stats")["compile"]["kinds"] and server.get_json("/accel/cache")["environments"]:
+        return
+    nodes = open_workflow(page, "accel_txt2img")
+    compile_node = node_id(nodes, "AccelCompileModel")
+    set_widget(page, compile_node, "choose", "always compiled")
+    set_widget(page, compile_node, "background", False)
+    page.evaluate("(id) => { window.app.graph.getNodeById(Number(id)).mode = 4; }", node_id(nodes, "AccelCompileVAE"))
+    queue_and_wait(page, server, timeout=600)
 
 
 PACK_ROUTES = {"/accel/stats": "GET", "/accel/status": "GET", "/accel/cache": "GET", "/accel/cache/clear": "POST"}
