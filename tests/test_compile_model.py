@@ -242,8 +242,7 @@ def test_kind_shares_are_saved_for_later_processes(engine, comfy_nodes, compiled
                 if s.kind.label.startswith("SpatialTransformer"))
     options = engine.CompileOptions()
     key = (site.kind.class_name, site.kind.signature, ("cpu", None), torch.__version__, options.cache_key("cpu"))
-    # What this process measured or read for the kind, which its own entry runs on.
-    here = engine.saved_findings._known[path]
+    here = engine.kinds.KindEntry(key, site.kind, site.forward, options, "cpu").choice.share  # this process's
     # A new process: nothing read yet, so its entry reads the file. Other processes of the run (the other test
     # worker, servers) share the file and may save the same kind's share meanwhile: the file is read before and
     # after the entry reads it, and the entry's share is one of the two.
@@ -256,7 +255,7 @@ def test_kind_shares_are_saved_for_later_processes(engine, comfy_nodes, compiled
     assert fresh.choice.share in (pytest.approx(before[share_id]), pytest.approx(after[share_id])), \
         (fresh.choice.share, before[share_id], after[share_id])
     shared = [k for k in engine.REGISTRY.stats()["kinds"] if k["kind"] == site.kind.label and k["call_share"]]
-    assert shared and here[share_id] == pytest.approx(shared[0]["call_share"], abs=1e-4)
+    assert shared and here == pytest.approx(shared[0]["call_share"], abs=1e-4)
 
 
 @pytest.mark.parametrize("margin, verdict", [(0.0, "eager"), (1e9, "compiled")])
