@@ -166,6 +166,11 @@ def set_widget(page, node: str, name: str, value) -> None:
     }""", [node, name, value])
 
 
+def bypass(page, node: str) -> None:
+    """Bypass a node as its menu does (mode 4): the frontend passes its input through."""
+    page.evaluate("(id) => { window.app.graph.getNodeById(Number(id)).mode = 4; }", node)
+
+
 def test_the_waiting_node_shows_comfyuis_progress_while_a_kind_compiles_in_its_path(ui):
     """Compile Model with the background compile off compiles in the prompt's path: the sampler, which waits for
     it, gets ComfyUI's own progress message (kinds compiled so far, of all) while the Accel node says why."""
@@ -180,7 +185,7 @@ def test_the_waiting_node_shows_comfyuis_progress_while_a_kind_compiles_in_its_p
     set_widget(page, node_id(nodes, "EmptyLatentImage"), "width", 192)
     # Compile VAE bypassed (the frontend passes its VAE through): at the new size its decode would be a new shape,
     # a background job of 37 kernel builds (105 s here) that this test does not look at and the next tests wait on.
-    page.evaluate("(id) => { window.app.graph.getNodeById(Number(id)).mode = 4; }", node_id(nodes, "AccelCompileVAE"))
+    bypass(page, node_id(nodes, "AccelCompileVAE"))
     page.evaluate("() => { window.accelEvents = []; }")
     queue_and_wait(page, server)
     events = page.evaluate("() => window.accelEvents")
@@ -286,7 +291,7 @@ def another_workflows_node(server, page) -> str:
     if found() is None:
         nodes = open_workflow(page, "accel_txt2img")
         for node_type in ("AccelCompileModel", "AccelCompileVAE"):
-            page.evaluate("(id) => { window.app.graph.getNodeById(Number(id)).mode = 4; }", node_id(nodes, node_type))
+            bypass(page, node_id(nodes, node_type))
         queue_and_wait(page, server)
     return found()
 
@@ -300,7 +305,7 @@ def compiled_kinds_on_disk(server, page) -> None:
     compile_node = node_id(nodes, "AccelCompileModel")
     set_widget(page, compile_node, "choose", "always compiled")
     set_widget(page, compile_node, "background", False)
-    page.evaluate("(id) => { window.app.graph.getNodeById(Number(id)).mode = 4; }", node_id(nodes, "AccelCompileVAE"))
+    bypass(page, node_id(nodes, "AccelCompileVAE"))
     queue_and_wait(page, server, timeout=600)
 
 
