@@ -26,6 +26,7 @@ def compiled_small(engine, comfy_nodes, accel_pack):
     the web UI's status said (engine.status) each time a kind compiled in the prompt's path."""
     model = load(comfy_nodes)
     eager = sample(model)
+    before = {k["kind"]: k for k in engine.REGISTRY.stats()["kinds"]}
     compiled = engine.compile_model(model, engine.CompileOptions(choose="always compiled"), owner="test-node")
     statuses = []
 
@@ -40,26 +41,34 @@ def compiled_small(engine, comfy_nodes, accel_pack):
         out = sample(compiled)
     finally:
         telemetry.unsubscribe(on_event)
+    kinds = own_kinds(engine, compiled)
+    # Kinds are shared by every model of the process: met first here (this file runs first in its test process,
+    # tests/conftest.py, and so does a test run alone) they compile in this sampling; compiled by an earlier
+    # test, they serve it from that test's graphs. What each test asserts of the first compile holds where it
+    # happened here ("fresh"); that the compiled graphs served this sampling holds either way.
     return {"model": model, "compiled": compiled, "eager": eager, "out": out, "first_frames": dynamo_frames() - frames,
-            "statuses_while_compiling": statuses}
+            "statuses_while_compiling": statuses, "fresh": not [k for k in kinds if k["kind"] in before],
+            "served": {k["kind"]: k["cache_hits"] - before.get(k["kind"], {}).get("cache_hits", 0) for k in kinds}}
 
 
-def test_compiled_sampling_equals_eager(compiled_small, engine):
-    assert compiled_small["first_frames"] > 0, "the first compiled run compiled nothing: blocks ran eagerly"
+def test_compiled_sampling_equals_eager(compiled_small):
+    if compiled_small["fresh"]:
+        assert compiled_small["first_frames"] > 0, "the first compiled run compiled nothing: blocks ran eagerly"
     assert_close_to_eager(compiled_small["out"], compiled_small["eager"], "compiled vs eager sampling")
-    stats = engine.REGISTRY.stats()
-    kinds = {k["kind"]: k for k in stats["kinds"]}
-    assert {"ResBlock[320->320]", "SpatialTransformer[320->320, 8 heads]", "ResBlock[640->320]"} <= set(kinds)
-    assert all(k["cache_hits"] > 0 for k in kinds.values() if k["kind"].startswith(("ResBlock", "Spatial")))
+    served = compiled_small["served"]
+    assert {"ResBlock[320->320]", "SpatialTransformer[320->320, 8 heads]", "ResBlock[640->320]"} <= set(served)
+    blocks = {kind: hits for kind, hits in served.items() if kind.startswith(("ResBlock", "Spatial"))}
+    assert all(hits > 0 for hits in blocks.values()), f"kinds whose compiled graphs served no call: {blocks}"
 
 
 def test_status_says_the_prompt_waits_while_a_kind_compiles_in_its_path(compiled_small, engine):
     """What the Compile Model node shows in the web UI (nodes/status.py sends it): while a kind compiles in the
     prompt's path, that it does and that the prompt waits; after the run, how many kinds are compiled."""
     during = compiled_small["statuses_while_compiling"]
-    assert len(during) >= 3, during  # one per kind at least (and per new input shape)
+    if compiled_small["fresh"]:  # else an earlier test of this process compiled the kinds: no wait to show
+        assert len(during) >= 3, during  # one per kind at least (and per new input shape)
+        assert any("SpatialTransformer" in s["text"] for s in during), during
     assert all(s["state"] == "compiling" and "in the prompt's path" in s["text"] for s in during), during
-    assert any("SpatialTransformer" in s["text"] for s in during), during
     # the progress ComfyUI's bar shows on the waiting node: kinds compiled so far, of all, rising
     assert [s["progress"]["done"] for s in during] == sorted(s["progress"]["done"] for s in during), during
     assert all(s["progress"]["done"] < s["progress"]["total"] for s in during), during
@@ -144,7 +153,7 @@ def test_resolution_and_batch_sweep_bounded_then_free(compiled_small, engine):
             for batch in batches:
                 apply_model(patcher, size=size, batch=batch)
         passes.append(dynamo_frames() - frames)
-    kinds = [k for k in engine.REGISTRY.stats()["kinds"] if k["kind"].startswith(("ResBlock", "Spatial"))]
+    kinds = [k for k in own_kinds(engine, patcher) if k["kind"].startswith(("ResBlock", "Spatial"))]
     assert passes[0] <= len(kinds), (f"first pass compiled {passes[0]} times for {len(kinds)} block kinds: "
                                      f"{[(k['kind'], k['recompile_reasons']) for k in kinds]}")
     assert passes[1] == 0, f"the repeated sweep compiled {passes[1]} times"
