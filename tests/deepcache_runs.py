@@ -9,8 +9,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from compile_helpers import SMALL
+
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = "accel-sd15-small.safetensors"
 RUN_A = dict(size=(16, 16), batch=1, steps=6, seed=0, interval=3, depth=1)
 
 

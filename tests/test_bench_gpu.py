@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
+from tools.comfy_env import ROOT
 from tools.families import FAMILIES
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "gpu.py"
 DOC = ROOT / "docs" / "benchmarks" / "gpu.md"
 NO_GPU_LINE = ("no CUDA GPU on this machine: nothing to run (bench/gpu.py checks only what a GPU can show; run it on "

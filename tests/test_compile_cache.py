@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from tools import families
-from compile_helpers import assert_close_to_eager, assert_every_artifact_whole, load, sample
+from compile_helpers import SMALL, assert_close_to_eager, assert_every_artifact_whole, load, sample
 from probe_runs import result_of, run_probe, start_probe
 from tools.comfy_env import ROOT, comfyui_dir
 from tools.comfy_server import ComfyServer, load_workflow
@@ -156,7 +156,7 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     is given by --comfyui-args: without it, no saved graph would serve the server."""
     width, height = PRECOMPILED
     env = {**os.environ, "ACCEL_CACHE_DIR": str(shared["dir"]), "COMFYUI_DIR": str(comfyui_dir())}
-    proc = subprocess.run([sys.executable, "-m", "accel", "precompile", "--model", "accel-sd15-small.safetensors",
+    proc = subprocess.run([sys.executable, "-m", "accel", "precompile", "--model", SMALL,
                            "--sizes", f"{width}x{height}", "--batch", "1", "--comfyui-args=--force-fp32"],
                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -194,7 +194,7 @@ def test_precompile_names_a_server_flag_comfyui_does_not_take(tmp_path):
     env = {**os.environ, "ACCEL_CACHE_DIR": str(tmp_path / "cache"), "COMFYUI_DIR": str(comfyui_dir())}
     for flags, expected in (("--fast --no-such-flag", "has no flag --no-such-flag"),
                             ("--reserve-vram lots", "ComfyUI refused the flags '--reserve-vram lots'")):
-        proc = subprocess.run([sys.executable, "-m", "accel", "precompile", "--model", "accel-sd15-small.safetensors",
+        proc = subprocess.run([sys.executable, "-m", "accel", "precompile", "--model", SMALL,
                                f"--comfyui-args={flags}"], cwd=ROOT, capture_output=True, text=True, env=env,
                               check=False)
         assert proc.returncode == 2 and "error: --comfyui-args: " in proc.stderr and expected in proc.stderr, (

@@ -7,9 +7,8 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools.comfy_env import ROOT
 
 
 def accel_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

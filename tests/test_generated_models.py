@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-SMALL = "accel-sd15-small.safetensors"
+from compile_helpers import SMALL, SMALL_B
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_small_unet_detected_as_sd15(loaders):
 
 def test_second_small_unet_same_architecture_other_weights(loaders):
     (a,) = loaders.UNETLoader().load_unet(SMALL, "default")
-    (b,) = loaders.UNETLoader().load_unet("accel-sd15-small-b.safetensors", "default")
+    (b,) = loaders.UNETLoader().load_unet(SMALL_B, "default")
     sa, sb = a.model.diffusion_model.state_dict(), b.model.diffusion_model.state_dict()
     assert {k: v.shape for k, v in sa.items()} == {k: v.shape for k, v in sb.items()}
     assert not torch.equal(sa["out.2.weight"], sb["out.2.weight"])

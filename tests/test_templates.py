@@ -21,14 +21,13 @@ from pathlib import Path
 import pytest
 
 from tools.browser import comfy_page
-from tools.comfy_env import comfyui_dir
+from tools.comfy_env import ROOT, comfyui_dir
 from tools.comfy_server import ComfyServer
 from tools.make_templates import TEMPLATES
 from tools.template_models import BY_NAME, PLACEHOLDERS, standins_dir
 from ui_pages import error_dialogs, page_prompt, screenshot
 
 pytestmark = pytest.mark.server
-ROOT = Path(__file__).resolve().parent.parent
 TEST_INPUTS = ROOT / "tools" / "server_nodes" / "accel_test_inputs"
 ACCEL_NODES = {"AccelCompileModel": "Compile Model (Accel)", "AccelCompileVAE": "Compile VAE (Accel)",
                "AccelDeepCache": "DeepCache (Accel)", "AccelSwapWeights": "Swap Weights (Accel)"}

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from tools.browser import comfy_page, fit_view, load_api_workflow
+from tools.comfy_env import ROOT
 from tools.comfy_server import ComfyServer, load_workflow
 from ui_pages import queue_and_wait, screenshot
 
 pytestmark = pytest.mark.server
-ROOT = Path(__file__).resolve().parent.parent
 SETTLED = ("compiled", "eager")
 
 
@@ -247,7 +247,7 @@ def test_swap_weights_shows_the_copy(ui):
         return Object.hasOwn(node, "accelStatus") && node.type;
     }""", arg=taken, timeout=10_000).json_value()
     assert drawn == "AccelSwapWeights" and status_of(page, taken) is None, (drawn, status_of(page, taken))
-    nodes = open_workflow(page, "accel_swap_weights")
+    open_workflow(page, "accel_swap_weights")
     queue_and_wait(page, server)
     status = wait_status(page, swap_node, ("swapped",), timeout=60)
     assert "accel-sd15-small-b.safetensors" in status["text"], status
