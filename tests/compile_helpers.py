@@ -71,6 +71,12 @@ def assert_every_artifact_whole(store, cache_dir) -> None:
         store.unpack_artifact(path.read_bytes())  # raises on a torn or mixed write
 
 
+def cache_hits_by_kind(engine) -> dict[str, int]:
+    """Each kind of this process (by label) and its calls served by an existing compiled graph so far: read before
+    and after a call, it tells whether the call ran a graph an earlier test had compiled (kinds are shared)."""
+    return {k["kind"]: k["cache_hits"] for k in engine.REGISTRY.stats()["kinds"]}
+
+
 def own_kinds(engine, patcher, choose: str | None = None) -> list[dict]:
     """Registry stats of the kinds `patcher`'s model runs (each once; only its records with `choose`, if given),
     whatever else this process compiled: kinds are shared between models, so the registry holds other tests'."""

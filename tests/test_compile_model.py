@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from compile_helpers import SMALL_B, apply_model, assert_close_to_eager, dynamo_frames, load, own_kinds, sample
+from compile_helpers import (SMALL_B, apply_model, assert_close_to_eager, cache_hits_by_kind, dynamo_frames, load,
+                             own_kinds, sample)
 from tools.harness.child import read_result
 
 
@@ -26,7 +27,7 @@ def compiled_small(engine, comfy_nodes, accel_pack):
     the web UI's status said (engine.status) each time a kind compiled in the prompt's path."""
     model = load(comfy_nodes)
     eager = sample(model)
-    before = {k["kind"]: k for k in engine.REGISTRY.stats()["kinds"]}
+    hits_before = cache_hits_by_kind(engine)
     compiled = engine.compile_model(model, engine.CompileOptions(choose="always compiled"), owner="test-node")
     statuses = []
 
@@ -47,8 +48,8 @@ def compiled_small(engine, comfy_nodes, accel_pack):
     # test, they serve it from that test's graphs. What each test asserts of the first compile holds where it
     # happened here ("fresh"); that the compiled graphs served this sampling holds either way.
     return {"model": model, "compiled": compiled, "eager": eager, "out": out, "first_frames": dynamo_frames() - frames,
-            "statuses_while_compiling": statuses, "fresh": not [k for k in kinds if k["kind"] in before],
-            "served": {k["kind"]: k["cache_hits"] - before.get(k["kind"], {}).get("cache_hits", 0) for k in kinds}}
+            "statuses_while_compiling": statuses, "fresh": not [k for k in kinds if k["kind"] in hits_before],
+            "served": {k["kind"]: k["cache_hits"] - hits_before.get(k["kind"], 0) for k in kinds}}
 
 
 def test_compiled_sampling_equals_eager(compiled_small):
@@ -322,7 +323,7 @@ def test_compile_vae_equals_eager_and_input_untouched(engine, comfy_nodes):
     eager = vae.decode(latent)
     compiled = engine.compile_vae(vae, engine.CompileOptions(choose="always compiled"), owner="vae-node")
     assert engine.status.owner_statuses()["vae-node"]["state"] == "waiting"
-    hits_before = {k["kind"]: k["cache_hits"] for k in engine.REGISTRY.stats()["kinds"]}
+    hits_before = cache_hits_by_kind(engine)
     frames = dynamo_frames()
     out = compiled.decode(latent)
     (decode,) = [entry for method, entry in engine.vae.method_entries(compiled) if method == "decode"]
