@@ -85,9 +85,8 @@ def run_family(engine, nodes, family, steps: int, shape, rounds: int = 0, core: 
         result["interleaved"] = interleaved({"eager": model, "defaults": auto, "always compiled": always,
                                              **({"core": variant_model("core", model)[0]} if core else {})},
                                             family, steps, shape, rounds)
-    records = engine.model_record._states[model.model.diffusion_model].records
-    kinds = {e.key: e.stats() for (_, options, _), record in records.items() if options.choose == "auto"
-             for e in record.entries}
+    kinds = {e.key: e.stats() for record in engine.model_record.records_of(model.model)
+             if record.options.choose == "auto" for e in record.entries}
     result["auto_kinds"] = [{k: kind.get(k) for k in ("kind", "path", "reason", "call_share")} |
                             {"background": kind["background"]["state"]} for kind in kinds.values()]
     result["whole_call_checks"] = [{k: c.get(k) for k in ("verdict", "reason", "calls_timed")}
