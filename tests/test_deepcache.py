@@ -2,6 +2,7 @@
 with the same model without DeepCache (eager) and with itself in other conditions."""
 from __future__ import annotations
 
+import inspect
 import logging
 import subprocess
 import sys
@@ -358,6 +359,68 @@ def test_sampler_with_sub_steps(pack, unet):
     report = last_run_report(pack)
     assert torch.isfinite(out).all()
     assert report["reused_steps"] == 2 and report["fallback_calls"] == 0
+
+
+def test_a_guidance_nodes_own_call_in_a_step_runs_in_full(pack, unet):
+    """PerturbedAttentionGuidance (ComfyUI's node) calls the UNet a second time in each step for the cond, with
+    its own self-attention in the middle block, inside the part DeepCache reuses. That call is not the cond's:
+    before, on full steps it stored its perturbed features over the cond's, and on reused steps it was served the
+    cond's, so its prediction came out as the cond's and PAG's guidance vanished there. Now it runs in full in
+    every step (each output equal to the same call without DeepCache), while the sampler's calls still reuse."""
+    import comfy.patcher_extension as pe
+    from comfy_extras.nodes_pag import PerturbedAttentionGuidance
+
+    calls = []
+
+    def record(executor, *args, **kwargs):
+        out = executor(*args, **kwargs)
+        options = args[5]
+        if "attn1" in options.get("patches_replace", {}):  # PAG's own call: its perturbed attention
+            kept = {k: v for k, v in options.items() if k != "wrappers" and not k.startswith("accel_")}
+            calls.append(([a.clone() if isinstance(a, torch.Tensor) else a for a in args[:5]], kept, out.clone()))
+        return out
+
+    recorded = PerturbedAttentionGuidance.execute(unet, 3.0).result[0].clone()
+    recorded.add_wrapper_with_key(pe.WrappersMP.DIFFUSION_MODEL, "test_record_pag", record)  # outside DeepCache's
+    sample(deepcache(pack, recorded, RUN_A["interval"], RUN_A["depth"]), **run_a_kwargs())
+    report = last_run_report(pack)
+    assert report["reused_steps"] == 4 and report["shallow_calls"] == 4, report  # the sampler's calls
+    assert len(calls) == RUN_A["steps"], len(calls)
+    with torch.no_grad():
+        for step, ((x, t, context, y, control), options, out) in enumerate(calls):
+            alone = unet.model.diffusion_model(x, t, context=context, y=y, control=control,
+                                               transformer_options=options)
+            assert torch.equal(out, alone), f"step {step}: PAG's call was served or changed by DeepCache"
+
+
+def test_each_context_window_reuses_its_own_features(pack, unet):
+    """ComfyUI's context windows (ContextWindowsManual) call the model once per window with the same conds, uuids
+    and all: before, the last window's features were stored over the others' and every window reused them. Now
+    each window reads its own: over a latent's 16 rows in windows of 8 (no overlap; ComfyUI's windows are for a
+    video's frames, and take a batch of 1), each window comes out as DeepCache gives it run on its rows alone."""
+    import comfy.sample
+    from comfy_extras.nodes_context_windows import ContextWindowsManualNode
+
+    settings = dict(context_length=8, context_overlap=0, context_schedule="standard_static", context_stride=1,
+                    closed_loop=False, fuse_method="pyramid", dim=2)
+    if "freenoise" in inspect.signature(ContextWindowsManualNode.execute).parameters:  # ComfyUI 0.33
+        settings["freenoise"] = False
+    windowed = ContextWindowsManualNode.execute(unet, **settings).result[0]
+    noise = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(5))
+    pos, neg = runs.conds(0)
+
+    def run(model, noise_):
+        latent = torch.zeros_like(noise_)
+        return comfy.sample.sample(model, noise_, RUN_A["steps"], 5.0, "euler", "normal", pos, neg, latent,
+                                   disable_pbar=True, seed=0)
+
+    together = run(deepcache(pack, windowed, RUN_A["interval"], RUN_A["depth"]), noise)
+    report = last_run_report(pack)
+    assert report["reused_steps"] == 4 and report["fallback_calls"] == 0, report
+    for rows in (slice(0, 8), slice(8, 16)):
+        alone = run(deepcache(pack, unet, RUN_A["interval"], RUN_A["depth"]), noise[:, :, rows])
+        torch.testing.assert_close(together[:, :, rows], alone, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, r=rows: f"rows {r.start}-{r.stop - 1}: {m}")
 
 
 def test_nonuniform_schedule_run(pack, unet):

@@ -145,6 +145,48 @@ def test_another_nodes_block_patch_keeps_working_under_deepcache(accel_pack, mod
     assert torch.equal(run(deepcache(accel_pack, patched, 1, 0), name), alone)
 
 
+@pytest.mark.parametrize("name", ("flux", "wan21"))
+def test_deepcache_applied_again_replaces_the_first_one_on_every_block(accel_pack, models, name):
+    """A second DeepCache node on a DeepCache'd model replaces the first, also on the blocks only the first one's
+    span covered: before, live_blocks "first only" then "first and last" left the first node's patches on the last
+    blocks, which then read the second's decision by span index (blocks meant to run skipped). The output equals
+    the second node's alone."""
+    model = models[name]
+    again = with_options(accel_pack, with_options(accel_pack, model, live_blocks="first only"),
+                         live_blocks="first and last")
+    assert torch.equal(run(again, name), run(with_options(accel_pack, model, live_blocks="first and last"), name))
+    assert last_report(accel_pack)["reused_steps"] == REUSED
+
+
+def test_a_patch_run_after_every_block_makes_each_call_run_in_full(accel_pack, models):
+    """A "double_block" patch (Qwen-Image's DiffSynth ControlNet) runs after every block in ComfyUI's loop, inside
+    DeepCache's span too: a reused residual holds what it added, and the loop would add it again. Such calls run
+    in full, as with a ControlNet: the output equals the patched model's without DeepCache."""
+    name, model = "qwen_image", models["qwen_image"]
+
+    def nudge(args):
+        return {"img": args["img"] + 0.05 * (args["block_index"] + 1), "txt": args["txt"]}
+
+    patched = model.clone()
+    patched.set_model_patch(nudge, "double_block")
+    alone = run(patched, name)
+    assert not torch.equal(alone, run(model, name)), "the patch changed nothing"
+    assert torch.equal(run(deepcache(accel_pack, patched, 3, 0), name), alone)
+    assert last_report(accel_pack)["reused_steps"] == 0
+
+
+def test_wan_vace_passes_through_with_the_reason(accel_pack, comfy_dir, caplog):
+    """Wan VACE adds its hints after blocks in the loop itself (no patch to see per call): DeepCache is not
+    applied, and says why."""
+    family = dataclasses.replace(deeper("wan21", model_type="vace", vace_layers=2, vace_in_dim=96),
+                                 detected="WAN21_Vace")
+    model = narrow_model(family)
+    assert model.model.diffusion_model.vace_blocks is not None
+    with caplog.at_level("WARNING", logger="comfyui_accel"):
+        out = deepcache(accel_pack, model, 3, 0)
+    assert out.model is model.model and "VACE hints" in caplog.text and "passes through" in caplog.text
+
+
 def test_too_few_blocks_pass_through_with_the_reason(accel_pack, comfy_nodes, caplog):
     model = families.load(comfy_nodes, families.BY_FAMILY["ltxv"])  # 2 blocks: no middle
     with caplog.at_level("WARNING", logger="comfyui_accel"):

@@ -2,10 +2,11 @@
 chunks, what each model call decided (`ModelCall`, once per call, used by both model paths) and the compute it
 skipped. Created by the OUTER_SAMPLE wrapper (runtime.py) for each run, dropped when the run ends.
 
-Cached features are keyed per cond chunk (`uuids`, one per cond/uncond entry, new for every run), per full step,
-and by shape, dtype and device; a call that finds no matching feature does a full step. So cond and uncond,
-batched or split, a changed batch size or resolution, another sampler, or a model unloaded between runs cannot
-read another call's features.
+Cached features are keyed per cond chunk (`uuids`, one per cond/uncond entry, new for every run; with ComfyUI's
+context windows, per window too), per full step, and by shape, dtype and device; a call that finds no matching
+feature does a full step. So cond and uncond, batched or split, a changed batch size or resolution, another
+sampler, another context window, or a model unloaded between runs cannot read another call's features; a guidance
+node's own call for a cond (locate) neither reads nor writes them.
 """
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ class RunState:
     skipped_flops: float = 0.0  # the part of it that shallow calls skipped
     estimates: dict = field(default_factory=dict)  # (H, W, context tokens) -> (full, shallow) FLOPs per sample
     dit_skipped_share: float | None = None  # a DiT's: the share of a full call that its spans hold (fixed)
+    evaluations: int = 0  # the sampler's evaluations of the model so far (new_evaluation)
+    called_keys: set = field(default_factory=set)  # the chunk keys called in the current evaluation (locate)
 
     def entries(self, keys, step: int, signature: tuple) -> list[_Entry] | None:
         """The cached entry of every chunk of this call, or None. An entry is valid if it was computed at this
@@ -146,12 +149,28 @@ class RunState:
         self.shallow_calls += 1
         self.reused_steps.add(call.step)
 
+    def new_evaluation(self) -> None:
+        """The sampler evaluates the model anew (runtime.PredictNoiseWrapper: each CFGGuider.predict_noise)."""
+        self.evaluations += 1
+        self.called_keys.clear()
+
     def locate(self, transformer_options: dict, x: torch.Tensor) -> tuple:
         """This model call's step (from its sigma, in the run's plan), its cond-chunk keys (chunk_keys) and the
-        signature its cached features must match (per-chunk batch, shape, dtype, device)."""
+        signature its cached features must match (per-chunk batch, shape, dtype, device).
+
+        A second call for a chunk within one evaluation of the sampler is not the sampler's call:
+        PerturbedAttentionGuidance, SelfAttentionGuidance and SkipLayerGuidance run the cond again, with their own
+        patches or input, after the sampler's call. Its features are not the cond's: it gets no keys, so it runs in
+        full and neither reuses, stores nor frees the cond's entry. (A sampler's second evaluation in a step,
+        heun's or dpm_2's, is an evaluation of its own and keeps its keys.)"""
         sigmas = transformer_options.get("sigmas")
         self.step = self.plan.step_of(float(sigmas.reshape(-1)[0]), self.step) if sigmas is not None else None
         keys = chunk_keys(transformer_options, x.shape[0])
+        if keys and self.evaluations:  # evaluations counted (the PREDICT_NOISE wrapper ran)
+            if self.called_keys.intersection(keys):
+                keys = None
+            else:
+                self.called_keys.update(keys)
         signature = (x.shape[0] // len(keys) if keys else 0, tuple(x.shape[1:]), x.dtype, x.device)
         return self.step, keys, signature
 
@@ -226,11 +245,15 @@ class RunState:
 
 def chunk_keys(transformer_options: dict, batch: int):
     """One key per cond chunk of this call: ComfyUI's per-cond `uuids` (new for every run), or failing that
-    the cond/uncond index. None when the call cannot be split into chunks (then it is never served from cache)."""
+    the cond/uncond index. None when the call cannot be split into chunks (then it is never served from cache).
+    Under ComfyUI's context windows each window calls the model with the same conds (uuids and all) on its own
+    frames: the window's frame indices are part of the key, so each window reads its own features."""
+    window = getattr(transformer_options.get("context_window"), "index_list", None)
+    window = tuple(window) if window is not None else None
     for name in ("uuids", "cond_or_uncond"):
         keys = transformer_options.get(name)
         if keys and batch % len(keys) == 0 and len(set(keys)) == len(keys):
-            return [(name, k) for k in keys]
+            return [(name, k) if window is None else (name, k, window) for k in keys]
     return None
 
 

@@ -6,6 +6,9 @@ residual of their middle blocks.
   of a hires fix or refiner). It plans the run from the run's own sigma schedule, puts a fresh `RunState`
   (run_state.py) into the run's copy of the transformer options, and drops it in `finally` (success, error,
   interrupt). This is the pattern of ComfyUI's own EasyCache node.
+- The PREDICT_NOISE wrapper marks each evaluation of the model by the sampler, so that a guidance node's second
+  call for the same cond within it (PerturbedAttentionGuidance, SelfAttentionGuidance, SkipLayerGuidance) runs in
+  full and leaves the cond's features alone (`RunState.locate`).
 - Each model call asks the run once what it may reuse (`RunState.call`: its step, cond chunks and cached
   features) and then takes its model's path:
   - on a UNet, the DIFFUSION_MODEL wrapper runs either ComfyUI's own forward (full step, capturing the deep
@@ -61,6 +64,18 @@ class OuterSampleWrapper:
             guider.model_options = original
             run.features.clear()  # drop the cached tensors now, not when the guider is collected
             report_run(run.report(status))
+
+
+class PredictNoiseWrapper:
+    """PREDICT_NOISE: tells the run that the sampler evaluates the model anew, so that a second model call for the
+    same cond within one evaluation (a guidance node's extra call) is told apart from the sampler's own
+    (RunState.locate)."""
+
+    def __call__(self, executor, *args, **kwargs):
+        run = executor.class_obj.model_options.get("transformer_options", {}).get(RUN_KEY)
+        if run is not None:
+            run.new_evaluation()
+        return executor(*args, **kwargs)
 
 
 class DiffusionModelWrapper:
@@ -137,9 +152,12 @@ class DiTApplyModelWrapper:
                 run.account_dit(x.shape[0] if isinstance(x, torch.Tensor) else 1, shallow=False)
             return executor(*args, **kwargs)
         # A ControlNet adds its residuals after each block, inside the span too: a reused span would add them on
-        # top of a residual that holds them already, so such calls run in full (APPLY_MODEL's 5th argument).
+        # top of a residual that holds them already, so such calls run in full (APPLY_MODEL's 5th argument). So
+        # do calls with a patch ComfyUI's block loops run after every block ("double_block": Qwen-Image's DiffSynth
+        # ControlNet; Wan's loop runs them too in newer ComfyUI).
         control = args[4] if len(args) > 4 else kwargs.get("control")
-        decided = run.call(transformer_options, x, may_reuse=control is None)
+        after_each_block = (transformer_options.get("patches") or {}).get("double_block")
+        decided = run.call(transformer_options, x, may_reuse=control is None and not after_each_block)
         call = dit_paths.SpanCall()
         if decided.entries is not None:
             call.adaptive = decided.adaptive  # adaptive: decided in the block loop, from the first span's input
@@ -218,9 +236,11 @@ def _with_wrappers(model_patcher, outer, inner, inner_type: str):
 
     clone = model_patcher.clone()
     # Applying DeepCache twice replaces the first one rather than nesting two caches.
-    for wrapper_type in (pe.WrappersMP.OUTER_SAMPLE, pe.WrappersMP.DIFFUSION_MODEL, pe.WrappersMP.APPLY_MODEL):
+    for wrapper_type in (pe.WrappersMP.OUTER_SAMPLE, pe.WrappersMP.PREDICT_NOISE, pe.WrappersMP.DIFFUSION_MODEL,
+                         pe.WrappersMP.APPLY_MODEL):
         clone.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)
     clone.add_wrapper_with_key(pe.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer)
+    clone.add_wrapper_with_key(pe.WrappersMP.PREDICT_NOISE, WRAPPER_KEY, PredictNoiseWrapper())
     clone.add_wrapper_with_key(inner_type, WRAPPER_KEY, inner)
     return clone
 
@@ -228,10 +248,15 @@ def _with_wrappers(model_patcher, outer, inner, inner_type: str):
 def _apply_dit(model_patcher, diffusion_model, config: DeepCacheConfig):
     """On a transformer, `depth` is how many blocks stay live at each end beyond the first and last one (with
     live_blocks "first only": at the start, and none at the end)."""
+    name = type(diffusion_model).__name__
+    if getattr(diffusion_model, "vace_blocks", None) is not None:
+        # Wan VACE adds its hints after blocks in the loop itself, not through a patch: a reused span's residual
+        # holds them, and the loop would add them again on top.
+        return None, None, (f"{name} adds its VACE hints between blocks, where DeepCache reuses the blocks' "
+                            "residual: a reused step would add them twice")
     live = config.depth + 1
     live_end = live if config.live_blocks == "first and last" else 0
     spans = dit_paths.plan_spans(diffusion_model, live, live_end)
-    name = type(diffusion_model).__name__
     if not spans:
         return None, None, (f"{name} has too few blocks to keep {live} live at the start and {live_end} at the "
                             f"end (cache depth {config.depth}, live blocks {config.live_blocks}): nothing would be "
@@ -244,11 +269,11 @@ def _apply_dit(model_patcher, diffusion_model, config: DeepCacheConfig):
     # DIFFUSION_MODEL wrapper in ComfyUI 0.3.75), and its arguments carry the call's transformer_options.
     clone = _with_wrappers(model_patcher, OuterSampleWrapper(config, config.depth, share), inner,
                            pe.WrappersMP.APPLY_MODEL)
+    _remove_span_patches(clone)
     existing = clone.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
     for span in spans:
         for block in span.blocks():
             other = existing.get((span.patch_name, block))  # another node's patch of this block keeps working
-            other = None if isinstance(other, dit_paths.SpanBlockPatch) else other
             clone.set_model_patch_replace(dit_paths.SpanBlockPatch(span, block, other), "dit",
                                           span.patch_name, block)
     skipped = ", ".join(f"{s.patch_name}s {s.first}-{s.last}" for s in spans)
@@ -257,6 +282,20 @@ def _apply_dit(model_patcher, diffusion_model, config: DeepCacheConfig):
     if config.start_percent >= config.end_percent and config.interval > 1:
         message += " (start_percent >= end_percent: no step may reuse features, every step runs in full)"
     return clone, config.depth, message
+
+
+def _remove_span_patches(clone) -> None:
+    """An earlier DeepCache's block patches off `clone` (its own copy of the model options), each block back to
+    the other node's patch it wrapped, if any. Only replacing the blocks the new spans cover would leave the old
+    patches on blocks outside them (a larger cache_depth, live_blocks "first and last" after "first only"), where
+    they read the new call's decision by span index: blocks meant to run skipped, a residual added twice."""
+    dit = clone.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
+    for key, patch in list(dit.items()):
+        if isinstance(patch, dit_paths.SpanBlockPatch):
+            if patch.other is None:
+                del dit[key]
+            else:
+                dit[key] = patch.other
 
 
 def _apply_unet(model_patcher, diffusion_model, config: DeepCacheConfig):
