@@ -6,7 +6,7 @@ the test's own:
   generated code and kernels do not. The probe process (tests/cache_probe.py, LTX-Video's one block kind)
   completes with the output of eager within the compiled tolerance, its kind still compiled (in torch's
   temporary cache), one warning naming the directory and the fix; once there is room again, the next process
-  persists. The small file system is a tmpfs of its own, which needs root with CAP_SYS_ADMIN (this project's
+  persists; full again, a process that loads those artifacts into torch's caches keeps them. The small file system is a tmpfs of its own, which needs root with CAP_SYS_ADMIN (this project's
   machines have both); elsewhere the test says so and skips;
 - a damaged shares file (compile/saved_findings.py) is read as none, measured again and rewritten whole;
 - a precompiled function file of another format (an older pack's) counts as none: the kind goes to a child, as
@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,7 @@ def fill(path: Path, leave: int) -> Path:
     return filler
 
 
-def test_a_full_disk_costs_persistence_not_the_prompt(tmp_path):
+def test_a_full_disk_costs_persistence_not_the_prompt(accel_pack, tmp_path):
     with small_file_system(tmp_path / "volume") as volume:
         filler = fill(volume, ROOM)
         cache = volume / "accel-cache"
@@ -80,6 +81,20 @@ def test_a_full_disk_costs_persistence_not_the_prompt(tmp_path):
         assert_close_to_eager(torch.load(tmp_path / "again.pt"), eager, "compiled once there is room again")
         (environment,) = again["compile_cache"]["environments"]
         assert environment["writable"] is True and environment["artifacts_saved"] > 0, environment
+
+        # full again while a process loads those artifacts into torch's caches: the write fails, not the files,
+        # which stay for the processes after it (before, each was deleted as damaged)
+        env_dir = cache / environment["env_id"]
+        artifacts = sorted((env_dir / "artifacts").glob("*/*.bin"))
+        assert artifacts, environment
+        shutil.rmtree(env_dir / "inductor")  # torch's caches to be written again from the artifacts
+        fill(volume, 0)
+        store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
+        loading = store.EnvironmentCache(cache, "cpu")
+        assert loading.dir == env_dir and loading.check_usable()
+        assert not any(loading.load_file(path) for path in artifacts)
+        assert all(path.exists() for path in artifacts), "an artifact was deleted for a full disk"
+        assert loading.stats["artifacts_not_loaded"] == len(artifacts) and not loading.usable, loading.stats
 
 
 def test_a_damaged_shares_file_is_measured_again_and_rewritten(engine, tmp_path, monkeypatch):

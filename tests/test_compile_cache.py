@@ -302,12 +302,20 @@ def test_size_cap_evicts_least_recently_used(accel_pack, tmp_path, monkeypatch):
         return path
 
     old_env = fill(tmp_path / "cuda-0123456789ab", 3, age_s=300)
+    (old_env / "fingerprint.json").write_text("{}")  # what makes a folder one of the pack's environments
     old_key = fill(env.artifacts_dir / "oldkey", 3, age_s=200)
     new_key = fill(env.artifacts_dir / "newkey", 3, age_s=100)
+    # ACCEL_CACHE_DIR may name a folder that holds other things: never counted, never deleted (before, the
+    # oldest folder of the root went first, whatever it was)
+    not_ours = fill(tmp_path / "my-datasets", 3, age_s=900)
     monkeypatch.setenv(store.MAX_SIZE_ENV, str(4 / 1024))  # 4 MB: two of the three 3 MB entries must go
     env.evict_if_needed(force=True)
     assert not old_env.exists() and not old_key.exists() and new_key.exists()
-    assert env.stats["evicted"] == 2
+    assert env.stats["evicted"] == 2 and (not_ours / "blob").stat().st_size == 3 << 20
+
+    # `cache clear` deletes the environments and leaves the rest of the root
+    store.clear_disk_cache(tmp_path)
+    assert not env.dir.exists() and (not_ours / "blob").exists()
 
 
 def test_unwritable_cache_dir_warns_once_and_the_prompt_completes(engine_and_nodes, tmp_path, monkeypatch, caplog):

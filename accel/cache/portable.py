@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 from .location import environment_id, fingerprint
-from .store import FINDINGS_FILES, PRECOMPILED_DIR, unpack_artifact, write_atomic
+from .store import FINDINGS_FILES, PRECOMPILED_DIR, environment_dirs, unpack_artifact, write_atomic
 
 FORMAT = "comfyui-accel-compile-cache/2"  # /2: the manifest has each file's sha256
 READABLE = (FORMAT, "comfyui-accel-compile-cache/1")
@@ -33,7 +33,7 @@ def export_cache(root: Path, destination: Path) -> dict:
     destination.parent.mkdir(parents=True, exist_ok=True)
     tmp = destination.with_name(destination.name + ".partial")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as archive:
-        for env_dir in sorted(p for p in root.iterdir() if (p / "fingerprint.json").is_file()):
+        for env_dir in environment_dirs(root):
             files, hashes = [], {}
             artifacts = env_dir / "artifacts"  # each key's artifacts, and its precompiled functions (store.py)
             for path in sorted([*artifacts.glob("*/*.bin"), *artifacts.glob(f"*/{PRECOMPILED_DIR}/*.bin")]):

@@ -195,6 +195,7 @@ class EnvironmentCache:
         self._lock = threading.RLock()
         self._last_evict = 0.0
         self.stats = {"artifacts_loaded": 0, "artifacts_saved": 0, "artifacts_skipped_corrupt": 0,
+                      "artifacts_not_loaded": 0,  # kept: a read or torch's write failed, not the file
                       "artifacts_skipped_untrusted": 0, "evicted": 0, "torch_files_set_aside": 0,
                       "artifacts_from_remote": 0, "precompiled_saved": 0, "precompiled_from_remote": 0}
 
@@ -347,6 +348,15 @@ class EnvironmentCache:
             with _scoped_env("TORCHINDUCTOR_CACHE_DIR", str(self.inductor_dir)):
                 if torch.compiler.load_cache_artifacts(payload) is None:
                     raise ValueError("torch could not read it")
+        except OSError as err:
+            # Reading it or writing torch's caches from it failed (a full disk, permissions, I/O), not the file:
+            # it stays for the processes after this one, and this one compiles the key afresh.
+            self.stats["artifacts_not_loaded"] += 1
+            if out_of_room(err):
+                self.stop_persisting(f"{type(err).__name__}: {err}")
+            log.warning("[Accel] compile cache: could not load %s (%s); it is kept, and its graphs are compiled "
+                        "again in this process.", path, err)
+            return False
         except Exception as err:  # a damaged entry costs a recompile, never the prompt
             self.stats["artifacts_skipped_corrupt"] += 1
             log.warning("[Accel] compile cache: skipping %s (%s); it is deleted and will be rebuilt by the next "
@@ -417,7 +427,10 @@ class EnvironmentCache:
                 continue
             try:
                 found.append(unpack_artifact(path.read_bytes()))
-            except (OSError, ValueError) as err:
+            except OSError as err:  # not the file's fault (permissions, I/O): it stays for the next process
+                self.stats["artifacts_not_loaded"] += 1
+                log.warning("[Accel] compile cache: could not read %s (%s); it is kept.", path, err)
+            except ValueError as err:
                 self.stats["artifacts_skipped_corrupt"] += 1
                 log.warning("[Accel] compile cache: skipping %s (%s); it is deleted and made again by the next "
                             "background compile.", path, err)
@@ -461,8 +474,7 @@ class EnvironmentCache:
             return
         self._last_evict = now
         cap = int(env_float(MAX_SIZE_ENV, DEFAULT_MAX_GB) * 2**30)
-        root = self.dir.parent
-        sizes = {path: tree_size(path) for path in root.iterdir() if path.is_dir()}
+        sizes = {path: tree_size(path) for path in {*environment_dirs(self.dir.parent), self.dir}}
         total = sum(sizes.values())
         if total <= cap:
             return
@@ -539,25 +551,36 @@ class CacheBusy(RuntimeError):
     """The cache is in use by a compile of this process and cannot be cleared now."""
 
 
+def environment_dirs(root: Path) -> list[Path]:
+    """The pack's environment directories under `root`: each holds its fingerprint.json. Nothing else there is
+    the pack's to count, evict or clear: ACCEL_CACHE_DIR may name a folder that holds other things too (a shared
+    volume's root, ~/.cache)."""
+    return sorted(p for p in root.iterdir() if (p / "fingerprint.json").is_file()) if root.is_dir() else []
+
+
 def disk_info(root: Path) -> dict:
     """What the cache holds on disk: each environment's fingerprint, compile keys and size (`cache info`)."""
-    envs = sorted(p for p in root.iterdir() if (p / "fingerprint.json").is_file()) if root.is_dir() else []
     return {"root": str(root), "environments": [
         {"env_id": p.name, "fingerprint": json.loads((p / "fingerprint.json").read_text()),
          "keys": len([k for k in (p / "artifacts").glob("*") if k.is_dir()]),
-         "megabytes": round(tree_size(p) / 2**20, 1)} for p in envs]}
+         "megabytes": round(tree_size(p) / 2**20, 1)} for p in environment_dirs(root)]}
 
 
 def clear_disk_cache(root: Path) -> dict:
-    """Delete the cache root, every environment in it, as `python -m accel cache clear` does. Graphs this process
-    already holds keep working; the next compile of anything starts afresh and recreates the directories. Refused
-    (CacheBusy) while one of this process's compiles is in its cache scope; the caller checks for background work.
+    """Delete every environment in the cache root, and the root when nothing else is left in it, as `python -m
+    accel cache clear` does. Graphs this process already holds keep working; the next compile of anything starts
+    afresh and recreates the directories. Refused (CacheBusy) while one of this process's compiles is in its cache
+    scope; the caller checks for background work. What is not the pack's in the root stays.
     """
     if not _ONE_SCOPE_AT_A_TIME.acquire(blocking=False):
         raise CacheBusy("a compile is writing to the cache right now")
     try:
-        removed = tree_size(root) if root.is_dir() else 0
-        shutil.rmtree(root, ignore_errors=True)
+        removed = 0
+        for env_dir in environment_dirs(root):
+            removed += tree_size(env_dir)
+            shutil.rmtree(env_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            root.rmdir()  # only when empty
         COMPILE_CACHE.forget_environments()
     finally:
         _ONE_SCOPE_AT_A_TIME.release()
