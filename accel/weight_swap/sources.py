@@ -7,9 +7,11 @@ worth of memory while streaming a full checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -40,9 +42,11 @@ def file_identity(path: str) -> tuple:
     return (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
 
 
-def read_header(path: str) -> tuple[dict, int]:
-    """The safetensors JSON header and where the data starts. Reads only the header."""
-    with open(path, "rb") as f:
+def read_header(path: str, f=None) -> tuple[dict, int]:
+    """The safetensors JSON header and where the data starts. Reads only the header (from `f`, an open handle of
+    the file, if given)."""
+    with open(path, "rb") if f is None else contextlib.nullcontext(f) as f:
+        f.seek(0)
         head = f.read(8)
         if len(head) < 8:
             raise ValueError(f"Swap Weights: {path} is not a safetensors file (it is {len(head)} bytes long).")
@@ -74,8 +78,13 @@ class WeightsFile:
     def __init__(self, path: str, label: str | None = None):
         self.path = path
         self.label = label or os.path.basename(path)
+        # Held open for the maps of `mapped`: they come from the file this header was read from, even once its
+        # name is gone (ComfyUI empties its temp folder, where spill files are, when another ComfyUI on it starts)
+        # or names another file (a checkpoint downloaded again).
+        self.handle = open(path, "rb")
+        weakref.finalize(self, self.handle.close)
         self.id = ("file",) + file_identity(path)
-        header, data_start = read_header(path)
+        header, data_start = read_header(path, self.handle)
         entries = {k: v for k, v in header.items() if k != "__metadata__"}
         self.infos: dict[str, TensorInfo] = {}
         for file_key, model_key in model_keys_for(list(entries)).items():
@@ -115,7 +124,7 @@ class WeightsFile:
         info = self.infos[key]
         if info.end == info.start:
             return torch.empty(info.shape, dtype=info.dtype)
-        raw = np.memmap(self.path, dtype=np.uint8, mode="c", offset=info.start, shape=(info.end - info.start,))
+        raw = np.memmap(self.handle, dtype=np.uint8, mode="c", offset=info.start, shape=(info.end - info.start,))
         return torch.from_numpy(raw).view(info.dtype).reshape(info.shape)
 
 
