@@ -308,9 +308,14 @@ def test_size_cap_evicts_least_recently_used(accel_pack, tmp_path, monkeypatch):
     # ACCEL_CACHE_DIR may name a folder that holds other things: never counted, never deleted (before, the
     # oldest folder of the root went first, whatever it was)
     not_ours = fill(tmp_path / "my-datasets", 3, age_s=900)
-    monkeypatch.setenv(store.MAX_SIZE_ENV, str(4 / 1024))  # 4 MB: two of the three 3 MB entries must go
+    # an environment another worker of a shared volume uses: its folder's time is old, its key's recent
+    busy_env = tmp_path / "cuda-ba5ba5ba5ba5"
+    busy_key = fill(busy_env / "artifacts" / "busykey", 3, age_s=50)
+    (busy_env / "fingerprint.json").write_text("{}")
+    os.utime(busy_env, (1e9 - 1000, 1e9 - 1000))
+    monkeypatch.setenv(store.MAX_SIZE_ENV, str(7 / 1024))  # 7 MB: two of the four 3 MB entries must go
     env.evict_if_needed(force=True)
-    assert not old_env.exists() and not old_key.exists() and new_key.exists()
+    assert not old_env.exists() and not old_key.exists() and new_key.exists() and busy_key.exists()
     assert env.stats["evicted"] == 2 and (not_ours / "blob").stat().st_size == 3 << 20
 
     # `cache clear` deletes the environments and leaves the rest of the root

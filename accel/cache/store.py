@@ -478,7 +478,7 @@ class EnvironmentCache:
         total = sum(sizes.values())
         if total <= cap:
             return
-        candidates = [(_last_used(path), path, size) for path, size in sizes.items() if path != self.dir]
+        candidates = [(_environment_last_used(path), path, size) for path, size in sizes.items() if path != self.dir]
         for key_dir in self.artifacts_dir.iterdir():
             if key_dir.is_dir() and key_dir.name not in self._loaded:
                 candidates.append((_last_used(key_dir), key_dir, tree_size(key_dir)))
@@ -515,6 +515,14 @@ def _last_used(path: Path) -> float:
         with contextlib.suppress(OSError):
             return candidate.stat().st_mtime
     return 0.0
+
+
+def _environment_last_used(env_dir: Path) -> float:
+    """An environment's last use: its compile keys' (each load or save touches the key's), or the folder's own
+    time. The folder's time alone barely changes while workers use it on a shared volume."""
+    keys = env_dir / "artifacts"
+    found = [_last_used(key) for key in keys.iterdir() if key.is_dir()] if keys.is_dir() else []
+    return max([_last_used(env_dir), *found])
 
 
 class CompileCache:
