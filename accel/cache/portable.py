@@ -37,31 +37,35 @@ def export_cache(root: Path, destination: Path) -> dict:
             files, hashes = [], {}
             artifacts = env_dir / "artifacts"  # each key's artifacts, and its precompiled functions (store.py)
             for path in sorted([*artifacts.glob("*/*.bin"), *artifacts.glob(f"*/{PRECOMPILED_DIR}/*.bin")]):
-                try:
-                    unpack_artifact(path.read_bytes())
-                except ValueError:
-                    continue  # a damaged entry is not worth carrying to another machine
-                name = path.relative_to(root).as_posix()  # <env id>/artifacts/<key>/<file>.bin
-                archive.write(path, name)
-                files.append(name)
-                hashes[name] = _sha256_file(path)
+                _add(archive, root, path, files, hashes, check=unpack_artifact)
             for path in sorted((env_dir / "inductor").rglob("*")):
                 if path.is_file() and not path.is_symlink() and "locks" not in path.parts and \
                         not path.name.startswith(".tmp"):
-                    name = path.relative_to(root).as_posix()  # <env id>/inductor/...
-                    archive.write(path, name)
-                    files.append(name)
-                    hashes[name] = _sha256_file(path)
+                    _add(archive, root, path, files, hashes)  # <env id>/inductor/...
             for findings in (env_dir / name for name in FINDINGS_FILES):
                 if findings.is_file():  # auto mode decides each kind as on the exporting machine
-                    archive.write(findings, findings.relative_to(root).as_posix())
-                    files.append(findings.relative_to(root).as_posix())
-                    hashes[files[-1]] = _sha256_file(findings)
+                    _add(archive, root, findings, files, hashes)
             manifest["environments"].append({"env_id": env_dir.name, "files": files, "sha256": hashes,
                                              "fingerprint": json.loads((env_dir / "fingerprint.json").read_text())})
         archive.writestr("manifest.json", json.dumps(manifest, indent=1))
     tmp.replace(destination)
     return manifest
+
+
+def _add(archive: zipfile.ZipFile, root: Path, path: Path, files: list, hashes: dict, check=None) -> None:
+    """`path` into the archive under its name below `root`, read once: the bytes hashed for the manifest are the
+    bytes archived, also while a running ComfyUI writes or evicts files meanwhile (a file gone by then is left
+    out, and so is one `check` refuses: a damaged artifact is not worth carrying to another machine)."""
+    try:
+        data = path.read_bytes()
+        if check is not None:
+            check(data)
+    except (FileNotFoundError, ValueError):
+        return
+    name = path.relative_to(root).as_posix()
+    archive.writestr(name, data)
+    files.append(name)
+    hashes[name] = hashlib.sha256(data).hexdigest()
 
 
 def import_cache(root: Path, source: Path, device_types: tuple[str, ...]) -> list[str]:
@@ -130,14 +134,6 @@ def _check_entry(archive: zipfile.ZipFile, source: Path, env: dict, name: str, h
             raise ValueError("not a table of findings")
     except ValueError as err:
         raise ValueError(f"{source}: {name!r} is damaged ({err}). Nothing was imported.")
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _is_findings(name: str) -> bool:
