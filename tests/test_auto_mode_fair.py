@@ -204,3 +204,32 @@ def test_no_compile_in_a_prompt_after_a_size_batch_or_cfg_change(tmp_path):
     first, second = result["rounds"]
     assert first["new_shape_eager_calls"] > 0, "no block met inputs its graphs do not serve"
     assert second["new_shape_eager_calls"] == 0, "after the children, some blocks still ran eagerly"
+
+
+def test_a_call_cut_short_after_a_capture_still_sends_it_to_the_background(engine, monkeypatch, tmp_path):
+    """ComfyUI's Cancel (its ops raise InterruptProcessingException) or an out-of-memory error inside the model's
+    first call, after the first block of a cold kind was captured for the background compiler: before, the capture
+    was dropped with the call, and the kind waited for a compile nobody started, eager for the rest of the
+    process. Now the capture goes to the background when the call ends, however it ends, and the kind settles."""
+    import comfy.model_management
+
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "compile-cache"))  # the kind new to the cache: captured
+    net = StackNet(44)
+    compiled = engine.compile_model(hosted(net), engine.CompileOptions())
+
+    def cancel(module, args):  # the user presses Cancel while the second block is about to run
+        comfy.model_management.interrupt_current_processing(True)
+        comfy.model_management.throw_exception_if_processing_interrupted()  # what ComfyUI's ops call first
+
+    hook = net.blocks[1].register_forward_pre_hook(cancel)
+    try:
+        with pytest.raises(comfy.model_management.InterruptProcessingException):
+            call(compiled, torch.randn(2, 4, 44))
+    finally:
+        hook.remove()
+    (entry,) = {e.key: e for e in record_of(engine, compiled).entries}.values()
+    assert entry.stats()["background"]["state"] != "queued", "the capture was dropped with the call"
+    assert engine.background.BACKGROUND.wait(timeout=300), "the background compile did not finish"
+    x = torch.randn(2, 4, 44)
+    torch.testing.assert_close(call(compiled, x.clone()), net(x), rtol=1e-4, atol=1e-4)
+    assert entry.stats()["background"]["state"] in ("done", "failed"), entry.stats()["background"]

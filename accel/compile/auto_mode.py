@@ -219,6 +219,18 @@ def finish_call(record, plan: CallPlan, seconds: float, call_key: tuple, inputs:
                     seconds)
 
 
+def abandon_call(plan: CallPlan) -> None:
+    """A call that raised (ComfyUI's interrupt, out of memory, a node's error): nothing it measured counts, but
+    the captures it made (copies of blocks' inputs, taken before each ran) still go to the background compiler.
+    Kept back, their kinds would wait for a compile nobody started, eager for the rest of the process."""
+    if plan.captures:
+        try:
+            _launch_background(list(plan.captures.values()), plan.device_type)
+        except Exception as err:  # the call's own error is the one to raise; this one is said
+            log.warning("[Accel] Compile Model: the blocks captured in a call that failed were not sent to the "
+                        "background compiler (%s: %s)", type(err).__name__, err)
+
+
 def _launch_background(captures: list, device_type: str) -> None:
     # after a profile call, kinds too small to matter are eager for good: nothing to compile for them
     wanted = [c for c in captures if c.new_shape or (not c.entry.choice.decided and c.entry.failure is None)]

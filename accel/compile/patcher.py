@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from .. import telemetry
-from .auto_mode import finish_call, inputs_key, plan_call, start_call
+from .auto_mode import abandon_call, finish_call, inputs_key, plan_call, start_call
 from .background import IDLE_GATE
 from .blocks import cannot_compile_reason
 from .dispatch import BlockDispatcher
@@ -99,6 +99,9 @@ class CompiledApplyModel:
             if plan.timed:
                 wait_for_device(x.device.type)
             seconds = time.perf_counter() - start
+        except BaseException:
+            abandon_call(plan)
+            raise
         finally:
             for site in installed:
                 site.module.__dict__.pop(site.attribute, None)
