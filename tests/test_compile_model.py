@@ -403,6 +403,21 @@ def test_whole_model_scope_equals_eager_and_reruns_free(engine, compiled_small):
     assert whole and whole[0]["compiles"] >= 1 and whole[0]["cache_hits"] >= 3
 
 
+def test_whole_model_scope_runs_eagerly_with_options_another_node_set_for_the_model(engine, compiled_small):
+    """ScaleROPE sets "rope_options", which Flux's and Wan's own forward read outside their blocks: a whole-model
+    graph, which gets fresh options, would drop them (another picture, silently). A call with options the sampler
+    did not set runs the whole model eagerly, said in the call's stats; here on the UNet, whose output they do not
+    change, so the output is eager's bit for bit and nothing compiles."""
+    roped = compiled_small["model"].clone()
+    roped.set_model_rope_options(2.0, 0.0, 2.0, 0.0, 1.0, 0.0)
+    model = engine.compile_model(roped, engine.CompileOptions(scope="whole model", choose="always compiled"))
+    frames = dynamo_frames()
+    assert torch.equal(sample(model), compiled_small["eager"])
+    assert dynamo_frames() == frames
+    last = engine.REGISTRY.stats()["last_calls"][f"{type(model.model).__name__}@{id(model.model):x}"]
+    assert last["compiled"] == 0 and list(last["eager"]) == ["another node patched the attention or the UNet"], last
+
+
 def test_failing_compile_falls_back_to_eager_with_one_warning(engine, compiled_small, caplog):
     """A backend that raises (registered through torch's own backend registry): the prompt completes with the
     eager output, and one warning names the block kind and the error."""

@@ -142,12 +142,22 @@ def whole_model_site(model: torch.nn.Module) -> BlockSite:
     return BlockSite("", model, BlockKind.of(model), attribute, _transformer_options_arg(model, attribute), True)
 
 
+# What ComfyUI's sampler itself puts into every model call's transformer_options (0.3.75 and 0.33, checked with a
+# wrapper on a plain KSampler run), and the pack's own keys ("accel_..."): nothing another node set for the model.
+SAMPLER_OPTION_KEYS = frozenset({"callbacks", "cond_or_uncond", "sample_sigmas", "sigmas", "uuids", "wrappers",
+                                 "prefetch_dynamic_vbars", "patches", "patches_replace"})
+
+
 def whole_model_safe_options(transformer_options: dict) -> dict | None:
     """Like block_safe_options, for the whole model: any patch (FreeU, input/output block patches) makes the
-    call eager, because the UNet loop itself applies them."""
+    call eager, because the UNet loop itself applies them. So does any option another node set for the model's
+    own code to read (ScaleROPE's "rope_options", Flux and Wan read them outside the blocks; Chroma Radiance's),
+    which fresh options would drop."""
     if transformer_options.get("patches") and any(transformer_options["patches"].values()):
         return None
     if transformer_options.get("patches_replace"):  # the model's own block loop calls DiT block patches
+        return None
+    if any(key not in SAMPLER_OPTION_KEYS and not key.startswith("accel_") for key in transformer_options):
         return None
     return block_safe_options(transformer_options)
 
