@@ -233,3 +233,38 @@ def test_a_call_cut_short_after_a_capture_still_sends_it_to_the_background(engin
     x = torch.randn(2, 4, 44)
     torch.testing.assert_close(call(compiled, x.clone()), net(x), rtol=1e-4, atol=1e-4)
     assert entry.stats()["background"]["state"] in ("done", "failed"), entry.stats()["background"]
+
+
+class CancellableBlock(torch.nn.Module):
+    """A block that checks ComfyUI's Cancel between two ops, as every op of ComfyUI's own layers does."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(dim, dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        import comfy.model_management
+
+        x = self.first(x)
+        comfy.model_management.throw_exception_if_processing_interrupted()
+        return self.second(x)
+
+
+def test_cancel_inside_a_compiled_call_ends_the_prompt_and_keeps_the_kind_compiled(engine, monkeypatch, tmp_path):
+    """ComfyUI's Cancel raised inside a compiled block's call: before, it was taken for a failed compile, the kind
+    lost its compiled path for good, and the block ran again eagerly with the flag already cleared, so the prompt
+    went on. Now it ends the call, as in eager ComfyUI, and the kind stays compiled."""
+    import comfy.model_management
+
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "compile-cache"))
+    net = StackNet(36)
+    net.blocks = torch.nn.ModuleList([CancellableBlock(36) for _ in range(3)])
+    compiled = engine.compile_model(hosted(net), engine.CompileOptions(choose="always compiled", background=False))
+    x = torch.randn(2, 4, 36)
+    torch.testing.assert_close(call(compiled, x.clone()), net(x), rtol=1e-4, atol=1e-4)  # compiles the kind
+    comfy.model_management.interrupt_current_processing(True)
+    with pytest.raises(comfy.model_management.InterruptProcessingException):
+        call(compiled, x.clone())
+    (entry,) = {e.key: e for e in record_of(engine, compiled).entries}.values()
+    assert entry.failure is None and entry.path == "compiled", (entry.failure, entry.path, entry.reason)
+    torch.testing.assert_close(call(compiled, x.clone()), net(x), rtol=1e-4, atol=1e-4)

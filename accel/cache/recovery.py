@@ -14,10 +14,16 @@ from .store import EnvironmentCache, out_of_room
 T = TypeVar("T")
 
 
-def root_cause(err: BaseException) -> str:
-    """The innermost exception's type and first line: Dynamo wraps backend errors in BackendCompilerFailed."""
+def innermost(err: BaseException) -> BaseException:
+    """The exception `err` wraps, innermost: Dynamo wraps backend errors in BackendCompilerFailed."""
     while (inner := getattr(err, "inner_exception", None) or err.__cause__) is not None:
         err = inner
+    return err
+
+
+def root_cause(err: BaseException) -> str:
+    """The innermost exception's type and first line."""
+    err = innermost(err)
     lines = str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
 

@@ -24,7 +24,7 @@ import torch
 
 from .. import telemetry
 from ..cache import COMPILE_CACHE
-from ..cache.recovery import compile_in_cache, root_cause
+from ..cache.recovery import compile_in_cache, innermost, must_propagate, root_cause
 from ..cache.store import key_id
 from .background import KindBackground
 from .background.cpu_checks import CPU_CHECKS
@@ -221,9 +221,11 @@ class KindEntry:
             out, seen = self._call_compiled(compiled, block, make_call, may_compile=may_compile)
             if out is WOULD_COMPILE:
                 return out
-        except (torch.OutOfMemoryError, KeyboardInterrupt):
+        except KeyboardInterrupt:
             raise
         except Exception as err:  # a failed compile or first run costs this kind its compiled path, not the prompt
+            if must_propagate(err) or must_propagate(innermost(err)):
+                raise  # out of memory, or ComfyUI's Cancel (it clears its flag as it raises: a rerun would go on)
             self._fall_back(root_cause(err), err)
             return self.run_eager(block, args, kwargs, self.reason)
         new_frames = _dynamo_frames() - frames
