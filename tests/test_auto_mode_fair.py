@@ -268,3 +268,47 @@ def test_cancel_inside_a_compiled_call_ends_the_prompt_and_keeps_the_kind_compil
     (entry,) = {e.key: e for e in record_of(engine, compiled).entries}.values()
     assert entry.failure is None and entry.path == "compiled", (entry.failure, entry.path, entry.reason)
     torch.testing.assert_close(call(compiled, x.clone()), net(x), rtol=1e-4, atol=1e-4)
+
+
+class AddsIntoItsInput(torch.nn.Module):
+    """Adds into its input in place, as ComfyUI's Flux blocks do, then breaks the graph: Dynamo makes two graphs
+    and runs the first before it compiles the second."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(dim, dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        x += torch.tanh(self.first(x))
+        torch._dynamo.graph_break()
+        return x + torch.tanh(self.second(x))
+
+
+def test_a_compile_that_fails_after_a_graph_changed_the_inputs_falls_back_on_the_inputs_given(engine, monkeypatch,
+                                                                                              tmp_path):
+    """A block compiled as two graphs, whose second graph fails to compile (a backend registered through torch's
+    registry that refuses all but the first graph it is given): the first graph had run and added into the
+    block's input. Before, the call was made again and the eager fallback ran on the changed input (the addition
+    two or three times over); now both see the input as it was given, and the output is eager's."""
+    import torch._dynamo
+
+    graphs = []
+
+    def first_graph_only(graph_module, example_inputs):
+        graphs.append(graph_module)
+        if len(graphs) > 1:
+            raise RuntimeError("injected failure of a later graph")
+        return graph_module.forward
+
+    if "accel_test_first_graph_only" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(first_graph_only, name="accel_test_first_graph_only")
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "compile-cache"))
+    net = StackNet(52)
+    net.blocks = torch.nn.ModuleList([AddsIntoItsInput(52) for _ in range(3)])
+    compiled = engine.compile_model(hosted(net), engine.CompileOptions(
+        backend="accel_test_first_graph_only", choose="always compiled", background=False))
+    x = torch.randn(2, 4, 52)
+    expected = net(x.clone())
+    torch.testing.assert_close(call(compiled, x.clone()), expected, rtol=1e-5, atol=1e-5)
+    (entry,) = {e.key: e for e in record_of(engine, compiled).entries}.values()
+    assert entry.failure is not None and "injected failure" in entry.failure, entry.failure

@@ -34,7 +34,7 @@ from .cpu_isa import vec_isa_options
 from .kind_choice import KindChoice
 from .options import CompileOptions
 from .precompiled import NO_GRAPH, PrecompiledGraphs, context_of
-from .shapes import KindShapes, call_variant, input_signature
+from .shapes import KindShapes, call_values, call_variant, input_signature
 
 log = logging.getLogger("comfyui_accel")
 
@@ -325,14 +325,30 @@ class KindEntry:
     def _compile_and_call(self, compiled: Callable, block, make_call: Callable[[], tuple[tuple, dict]],
                           call_args: tuple, call_kwargs: dict):
         """A call that may compile, inside the persistent cache's scope; what goes wrong in the cache costs the
-        persistence at most (cache/recovery.py)."""
+        persistence at most (cache/recovery.py).
+
+        A block compiled as several graphs runs each as it is made: when a later one fails to compile, the earlier
+        ones have run, and may have changed the call's inputs in place (Flux's blocks add into theirs). So the
+        inputs are copied first, and put back before the call is made again (outside the cache) and before the
+        failure goes on to the eager fallback, which must see the inputs the block was given."""
+        given = [(v, v.clone()) for v in call_values(call_args, call_kwargs) if isinstance(v, torch.Tensor)]
+
+        def put_back():
+            for tensor, copy in given:
+                tensor.copy_(copy)
+
         def call_again():
+            put_back()
             again_args, again_kwargs = make_call()
             self.shapes.mark(again_args, again_kwargs)
             return compiled(block, *again_args, **again_kwargs)
 
-        return compile_in_cache(COMPILE_CACHE.environment(self.device_type), self.cache_id, self.name,
-                                self.kind.label, lambda: compiled(block, *call_args, **call_kwargs), call_again)
+        try:
+            return compile_in_cache(COMPILE_CACHE.environment(self.device_type), self.cache_id, self.name,
+                                    self.kind.label, lambda: compiled(block, *call_args, **call_kwargs), call_again)
+        except BaseException:
+            put_back()
+            raise
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def _note_compile(self, frames: int, seconds: float, args: tuple, kwargs: dict) -> None:
