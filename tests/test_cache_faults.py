@@ -6,8 +6,9 @@ the test's own:
   generated code and kernels do not. The probe process (tests/cache_probe.py, LTX-Video's one block kind)
   completes with the output of eager within the compiled tolerance, its kind still compiled (in torch's
   temporary cache), one warning naming the directory and the fix; once there is room again, the next process
-  persists; full again, a process that loads those artifacts into torch's caches keeps them. The small file system is a tmpfs of its own, which needs root with CAP_SYS_ADMIN (this project's
-  machines have both); elsewhere the test says so and skips;
+  persists; full again, a process that loads those artifacts into torch's caches keeps them. The small file
+  system is a tmpfs of its own, which needs root with CAP_SYS_ADMIN (this project's machines have both);
+  elsewhere the test says so and skips;
 - a damaged shares file (compile/saved_findings.py) is read as none, measured again and rewritten whole;
 - a precompiled function file of another format (an older pack's) counts as none: the kind goes to a child, as
   one without any, rather than load through Dynamo in a prompt;
