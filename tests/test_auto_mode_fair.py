@@ -312,3 +312,20 @@ def test_a_compile_that_fails_after_a_graph_changed_the_inputs_falls_back_on_the
     torch.testing.assert_close(call(compiled, x.clone()), expected, rtol=1e-5, atol=1e-5)
     (entry,) = {e.key: e for e in record_of(engine, compiled).entries}.values()
     assert entry.failure is not None and "injected failure" in entry.failure, entry.failure
+
+
+def test_another_nodes_forward_on_a_block_keeps_running_and_stays(engine, monkeypatch, tmp_path):
+    """A node that patches one block by setting its own `forward` on the block: Compile Model leaves that block to
+    it. Before, the dispatcher put on the block for each call ran the class's forward in its place (another
+    output) and, removed after the call, took the node's forward away with it."""
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "compile-cache"))
+    net = StackNet(28)
+    patched_block = net.blocks[1]
+    original = patched_block.forward
+    patched_block.forward = lambda x: original(x) * 1.5  # as such a node sets it
+    compiled = engine.compile_model(hosted(net), engine.CompileOptions(choose="always compiled", background=False))
+    x = torch.randn(2, 4, 28)
+    expected = net(x.clone())
+    for _ in range(2):
+        torch.testing.assert_close(call(compiled, x.clone()), expected, rtol=1e-4, atol=1e-4)
+        assert "forward" in patched_block.__dict__, "the node's forward was taken away"

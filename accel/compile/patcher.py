@@ -88,6 +88,10 @@ class CompiledApplyModel:
         start_call(record, plan)
         try:
             for site, entry in zip(record.sites, record.entries):
+                if site.attribute in site.module.__dict__:
+                    # Another node's own forward, set on this block: it runs as that node made it, and stays
+                    # (a dispatcher here would run the class's forward, then take that node's away with it).
+                    continue
                 reason = cannot_compile_reason(site.module, x.device) if partial else None
                 site.module.__dict__[site.attribute] = BlockDispatcher(site, entry, plan, allow_sdpa, reason,
                                                                        progress)
