@@ -404,7 +404,8 @@ def test_each_context_window_reuses_its_own_features(pack, unet):
     settings = dict(context_length=8, context_overlap=0, context_schedule="standard_static", context_stride=1,
                     closed_loop=False, fuse_method="pyramid", dim=2)
     if "freenoise" in inspect.signature(ContextWindowsManualNode.execute).parameters:  # ComfyUI 0.33
-        settings["freenoise"] = False
+        # no anchor row from the window before (on by default there): each window is its rows alone
+        settings.update(freenoise=False, causal_window_fix=False)
     windowed = ContextWindowsManualNode.execute(unet, **settings).result[0]
     noise = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(5))
     pos, neg = runs.conds(0)
