@@ -7,7 +7,6 @@ worth of memory while streaming a full checkpoint.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import struct
@@ -42,19 +41,18 @@ def file_identity(path: str) -> tuple:
     return (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
 
 
-def read_header(path: str, f=None) -> tuple[dict, int]:
-    """The safetensors JSON header and where the data starts. Reads only the header (from `f`, an open handle of
-    the file, if given)."""
-    with open(path, "rb") if f is None else contextlib.nullcontext(f) as f:
-        f.seek(0)
-        head = f.read(8)
-        if len(head) < 8:
-            raise ValueError(f"Swap Weights: {path} is not a safetensors file (it is {len(head)} bytes long).")
-        size = struct.unpack("<Q", head)[0]
-        if size > MAX_HEADER_BYTES:
-            raise ValueError(f"Swap Weights: {path} is not a safetensors file (header size {size}). "
-                             "Swap Weights reads .safetensors checkpoints and diffusion-model files.")
-        header = json.loads(f.read(size))
+def read_header(f, path: str) -> tuple[dict, int]:
+    """The safetensors JSON header and where the data starts, read from `f`, an open handle of the file at `path`
+    (named in errors). Reads only the header."""
+    f.seek(0)
+    head = f.read(8)
+    if len(head) < 8:
+        raise ValueError(f"Swap Weights: {path} is not a safetensors file (it is {len(head)} bytes long).")
+    size = struct.unpack("<Q", head)[0]
+    if size > MAX_HEADER_BYTES:
+        raise ValueError(f"Swap Weights: {path} is not a safetensors file (header size {size}). "
+                         "Swap Weights reads .safetensors checkpoints and diffusion-model files.")
+    header = json.loads(f.read(size))
     return header, 8 + size
 
 
@@ -84,7 +82,7 @@ class WeightsFile:
         self.handle = open(path, "rb")
         weakref.finalize(self, self.handle.close)
         self.id = ("file",) + file_identity(path)
-        header, data_start = read_header(path, self.handle)
+        header, data_start = read_header(self.handle, path)
         entries = {k: v for k, v in header.items() if k != "__metadata__"}
         self.infos: dict[str, TensorInfo] = {}
         for file_key, model_key in model_keys_for(list(entries)).items():
