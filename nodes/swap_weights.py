@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..accel.weight_swap import WeightsFile, swap_from_model, swap_weights
+from ..accel.weight_swap import WeightsFile, file_identity, swap_from_model, swap_weights
 from .common import CATEGORY
 
 NO_FILE = "(use weights_model)"
@@ -73,6 +73,18 @@ class SwapWeights:
                            "'(use weights_model)')."})},
             "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"},
         }
+
+    @classmethod
+    def IS_CHANGED(cls, weights_file=NO_FILE, **_):
+        """ComfyUI runs the node again when this value changes. A file rewritten under its name (a fine-tune saved
+        again) then gets read anew; without it, ComfyUI kept the node's output from the old file, whose reads refuse
+        the changed file, at every run until an input changed."""
+        if weights_file == NO_FILE:
+            return NO_FILE
+        try:
+            return repr(file_identity(weights_path(weights_file)))
+        except (OSError, ValueError):  # the run itself says what is wrong (an exception here would run it always)
+            return f"{weights_file}: not found"
 
     def apply(self, model, weights_file, weights_model=None, prompt=None, unique_id=None):
         if weights_file != NO_FILE and weights_model is not None:

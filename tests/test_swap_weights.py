@@ -345,3 +345,44 @@ def test_weights_model_input_and_node_errors(accel_pack, compiled, eager):
         node.SwapWeights().apply(compiled, SMALL_B, eager["b"])
     with pytest.raises(ValueError, match="pick a weights_file, or connect weights_model"):
         node.SwapWeights().apply(compiled, node.NO_FILE)
+
+
+def test_a_weights_file_rewritten_under_its_name_is_read_again_on_the_next_run(accel_pack, compiled, eager):
+    """A fine-tune saved again under the same name: ComfyUI's executor asks the node's IS_CHANGED and runs the node
+    again, which reads the new file. Before, the node had no IS_CHANGED: ComfyUI kept its output from the old file,
+    whose reads refuse a changed file ("changed on disk"), at every run until an input changed. Its value holds
+    while the file does not change, so the node does not run (and swap) again at every prompt."""
+    import asyncio
+    import copy
+
+    import execution
+    from comfy_execution.graph import DynamicPrompt
+
+    name = "accel-sd15-rewritten.safetensors"
+    path = os.path.join(os.path.dirname(file_path(SMALL)), name)
+    prompt = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": SMALL, "weight_dtype": "default"}},
+        "2": {"class_type": "AccelCompileModel", "inputs": {"model": ["1", 0]}},
+        "3": {"class_type": "AccelSwapWeights", "inputs": {"model": ["2", 0], "weights_file": name}},
+    }
+
+    def is_changed():  # what ComfyUI's executor compares with the last run's, to tell whether to run the node again
+        cache = execution.IsChangedCache("prompt", DynamicPrompt(copy.deepcopy(prompt)), None)  # it notes its answer there
+        return asyncio.run(cache.get("3"))
+
+    def run_node():
+        return accel_pack.nodes.swap_weights.SwapWeights().apply(compiled, name, prompt=prompt, unique_id="3")[0]
+
+    shutil.copyfile(file_path(SMALL_B), path)
+    try:
+        first = is_changed()
+        assert_close_to_eager(sample(run_node()), eager["out_b"], "B's weights under the new name")
+        assert is_changed() == first, "the unchanged file would run the node (and swap) again at every prompt"
+        shutil.copyfile(file_path(SMALL), path)  # rewritten in place: the same name, A's weights now
+        stat = os.stat(path)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a later time, whatever the clock's grain
+        assert is_changed() != first, "ComfyUI would keep the node's output from the old file"
+        assert_close_to_eager(sample(run_node()), eager["out_a"], "the node run again on the rewritten file")
+        assert_close_to_eager(sample(compiled), eager["out_a"], "the node's input model")
+    finally:
+        os.remove(path)

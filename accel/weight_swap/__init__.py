@@ -1,7 +1,8 @@
 """Swap Weights engine: another checkpoint's weights into a (compiled) model, as one in-place weight copy.
 
 Public entry points:
-- `WeightsFile(path)`: a safetensors checkpoint or diffusion-model file, indexed from its header.
+- `WeightsFile(path)`: a safetensors checkpoint or diffusion-model file, indexed from its header;
+  `file_identity(path)`: what tells a file rewritten under its name from the one read before.
 - `ModelWeights(patcher)`: another MODEL's base weights.
 - `swap_weights(patcher, source, origin_hints)`: a clone that loads with `source`'s weights; raises ValueError
   (nothing changed) when they do not fit. `swap_from_model(patcher, weights_model)`: the same from a MODEL.
@@ -13,6 +14,6 @@ check), patcher.py (ComfyUI hooks).
 """
 from .patcher import SWAP_LOCK, plan_of, swap_from_model, swap_weights
 from .model_source import ModelWeights
-from .sources import WeightsFile
+from .sources import WeightsFile, file_identity
 
-__all__ = ["SWAP_LOCK", "ModelWeights", "WeightsFile", "plan_of", "swap_from_model", "swap_weights"]
+__all__ = ["SWAP_LOCK", "ModelWeights", "WeightsFile", "file_identity", "plan_of", "swap_from_model", "swap_weights"]

@@ -110,8 +110,8 @@ class WeightsFile:
 
     def open(self) -> "FileReader":
         if file_identity(self.path) != self.id[1:]:
-            raise RuntimeError(f"Swap Weights: {self.label} changed on disk after the node checked it; "
-                               "run the workflow again so the node checks the new file.")
+            raise RuntimeError(f"Swap Weights: {self.label} changed on disk after the node read it; run the "
+                               "workflow again: the node reads the new file then (its IS_CHANGED sees the change).")
         return FileReader(self)
 
     def mapped(self, key: str) -> torch.Tensor:
