@@ -422,6 +422,74 @@ def test_whole_model_scope_runs_eagerly_with_options_another_node_set_for_the_mo
     assert last["compiled"] == 0 and list(last["eager"]) == ["another node patched the attention or the UNet"], last
 
 
+class BranchSwappingNet(torch.nn.Module):
+    """A diffusion model whose own forward reads the sampler's options outside its blocks, as ComfyUI 0.33's SeedVR
+    does (it swaps its batch's cond and uncond halves by cond_or_uncond, and reads it with .get: no error when it is
+    missing, another picture) and HunyuanVideo's meanflow variants do with the sigmas."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(24, 24) for _ in range(2)])
+
+    def forward(self, x, transformer_options={}):
+        for block in self.blocks:
+            x = x + torch.tanh(block(x))
+        if transformer_options.get("cond_or_uncond") == [1, 0]:
+            x = torch.cat([x[1:], x[:1]])
+        sigmas = transformer_options.get("sigmas")
+        return x if sigmas is None else x * sigmas[0]
+
+
+class OptionsPassingBaseModel(torch.nn.Module):
+    """What the APPLY_MODEL wrapper sees of a ComfyUI BaseModel whose apply_model hands its transformer_options
+    to the diffusion model, as BaseModel does."""
+
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.diffusion_model = net
+
+    def apply_model(self, x, transformer_options):
+        import comfy.patcher_extension as ext
+
+        wrappers = ext.get_all_wrappers(ext.WrappersMP.APPLY_MODEL, transformer_options)
+        return ext.WrapperExecutor.new_class_executor(self._apply_model, self, wrappers).execute(x, transformer_options)
+
+    def _apply_model(self, x, transformer_options):
+        return self.diffusion_model(x, transformer_options=transformer_options)
+
+
+def test_whole_model_scope_keeps_the_sampler_values_the_models_forward_reads(engine):
+    """A whole-model graph gets fresh transformer_options (per-step values out of its guards): before, they held
+    none of the sampler's, so a forward that reads cond_or_uncond with .get (0.33's SeedVR, Trellis2) silently made
+    another picture, and one that reads the sigmas by key (HunyuanVideo meanflow) could not compile. The whole
+    model now gets cond_or_uncond and the sigmas with them: each output equals eager, and new sigmas (a tensor's
+    values) compile nothing."""
+    import comfy.model_patcher
+
+    torch.manual_seed(0)
+    net = BranchSwappingNet().requires_grad_(False)
+    patcher = comfy.model_patcher.ModelPatcher(OptionsPassingBaseModel(net), torch.device("cpu"),
+                                               torch.device("cpu"))
+    model = engine.compile_model(patcher, engine.CompileOptions(scope="whole model", choose="always compiled"))
+    x = torch.randn(2, 8, 24)
+
+    def call(cond_or_uncond: list, sigma: float):
+        sampler = {"cond_or_uncond": cond_or_uncond, "sigmas": torch.tensor([sigma]), "uuids": ["a", "b"]}
+        with torch.no_grad():
+            out = model.model.apply_model(x, {**sampler, "wrappers": model.wrappers})
+            torch.testing.assert_close(out, net(x, transformer_options=sampler), rtol=1e-5, atol=1e-5,
+                                       msg=lambda m: f"{cond_or_uncond}, sigma {sigma}: {m}")
+
+    call([1, 0], 0.5)
+    call([0, 1], 0.5)
+    frames = dynamo_frames()
+    call([1, 0], 0.25)
+    call([0, 1], 0.75)
+    assert dynamo_frames() == frames, "new sigmas compiled again"
+    (record,) = engine.model_record.records_of(model.model)
+    assert record.last_call["compiled"] == 1, record.last_call
+
+
 def test_failing_compile_falls_back_to_eager_with_one_warning(engine, compiled_small, caplog):
     """A backend that raises (registered through torch's own backend registry): the prompt completes with the
     eager output, and one warning names the block kind and the error."""

@@ -146,25 +146,34 @@ def whole_model_site(model: torch.nn.Module) -> BlockSite:
 # wrapper on a plain KSampler run), and the pack's own keys ("accel_..."): nothing another node set for the model.
 SAMPLER_OPTION_KEYS = frozenset({"callbacks", "cond_or_uncond", "sample_sigmas", "sigmas", "uuids", "wrappers",
                                  "prefetch_dynamic_vbars", "patches", "patches_replace"})
+# Of those, what a model's own forward reads outside its blocks, so a whole-model call keeps them: which rows of
+# the batch are cond and which uncond (0.33's SeedVR swaps its halves by it, Trellis2 finds its uncond slots), and
+# the sigmas (HunyuanVideo's meanflow variants embed the next sigma). The sigmas are tensors, graph inputs whose
+# values never recompile; cond_or_uncond is guarded by value where a forward reads it, and changes with the batch.
+MODEL_READ_SAMPLER_KEYS = ("cond_or_uncond", "sigmas", "sample_sigmas")
 
 
 def whole_model_safe_options(transformer_options: dict) -> dict | None:
     """Like block_safe_options, for the whole model: any patch (FreeU, input/output block patches) makes the
     call eager, because the UNet loop itself applies them. So does any option another node set for the model's
     own code to read (ScaleROPE's "rope_options", Flux and Wan read them outside the blocks; Chroma Radiance's),
-    which fresh options would drop."""
+    which fresh options would drop. Else the sampler's values the model's forward reads, which the call's fresh
+    options keep (MODEL_READ_SAMPLER_KEYS)."""
     if transformer_options.get("patches") and any(transformer_options["patches"].values()):
         return None
     if transformer_options.get("patches_replace"):  # the model's own block loop calls DiT block patches
         return None
     if any(key not in SAMPLER_OPTION_KEYS and not key.startswith("accel_") for key in transformer_options):
         return None
-    return block_safe_options(transformer_options)
+    if block_safe_options(transformer_options) is None:
+        return None
+    return {key: transformer_options[key] for key in MODEL_READ_SAMPLER_KEYS if key in transformer_options}
 
 
 def block_safe_options(transformer_options: dict) -> dict | None:
     """`{}` when the real transformer_options hold nothing a block acts on, so a compiled block may get fresh
-    options of its own instead; None when the call must run eagerly (another node patched the attention).
+    options of its own instead (with what this returns in them); None when the call must run eagerly (another
+    node patched the attention).
 
     Fresh options keep per-step and per-prompt values (sigmas, cond_or_uncond, block ids, uuids, wrappers) out
     of the compiled graph's guards, so they never trigger recompiles.

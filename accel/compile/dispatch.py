@@ -178,7 +178,7 @@ class BlockDispatcher:
         if safe is None:
             return None
         # fresh each call: blocks write into their transformer_options
-        return lambda: steady_unit_strides(*with_options(compiled_block_options(self.allow_sdpa)))
+        return lambda: steady_unit_strides(*with_options({**safe, **compiled_block_options(self.allow_sdpa)}))
 
     def _new_shape_in_background(self, make_call) -> bool:
         """For a kind with graph breaks (no `can_refuse_compiles`): True when this call of a compiled kind runs
