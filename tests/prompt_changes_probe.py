@@ -54,9 +54,14 @@ def sample_changes(engine) -> dict:
         entries = {e.key: e for e in record.entries}.values()
         return sum(e.eager_calls[engine.dispatch.NEW_SHAPE_IN_BACKGROUND] for e in entries)
 
+    eager_outputs = {}  # each change's eager output, sampled once (the second round repeats the first's changes)
+
     def unlike_eager(out, change: dict) -> str | None:
+        key = tuple(sorted(change.items()))
+        if key not in eager_outputs:
+            eager_outputs[key] = sample(model, **change)
         try:
-            assert_close_to_eager(out, sample(model, **change), str(change))
+            assert_close_to_eager(out, eager_outputs[key], str(change))
         except AssertionError as error:
             return str(error)
         return None

@@ -43,11 +43,11 @@ class StackNet(torch.nn.Module):
         return x
 
 
-def hosted(net: torch.nn.Module):
+def hosted(net: torch.nn.Module, base_model=ToyBaseModel):
     """`net` as a ComfyUI ModelPatcher's diffusion model."""
     import comfy.model_patcher
 
-    base = ToyBaseModel()
+    base = base_model()
     base.diffusion_model = net
     base.requires_grad_(False)
     return comfy.model_patcher.ModelPatcher(base, torch.device("cpu"), torch.device("cpu"))
@@ -65,6 +65,36 @@ class TwoSizeNet(torch.nn.Module):
         big, small = x, x[:8]
         outs = [block(big if i % 2 == 0 else small) for i, block in enumerate(self.blocks)]
         return outs[0] + outs[2] + outs[1].sum() + outs[3].sum()
+
+
+class ReferenceNet(torch.nn.Module):
+    """Three blocks of one kind over the image's tokens joined by a list of reference latents' tokens, as Flux
+    Kontext's and Qwen-Image-Edit's forward join `ref_latents` (a list in the conditioning) to the image's."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(dim, dim) for _ in range(3)])
+
+    def forward(self, x, ref_latents=()):
+        tokens = x.shape[1]
+        x = torch.cat([x, *ref_latents], dim=1)
+        for block in self.blocks:
+            x = x + torch.tanh(block(x))
+        return x[:, :tokens]
+
+
+class ConditionedBaseModel(ToyBaseModel):
+    """A ToyBaseModel whose apply_model takes the conditioning as keyword arguments, as BaseModel's does."""
+
+    def apply_model(self, x, transformer_options, **conditioning):
+        import comfy.patcher_extension as ext
+
+        wrappers = ext.get_all_wrappers(ext.WrappersMP.APPLY_MODEL, transformer_options)
+        return ext.WrapperExecutor.new_class_executor(self._apply_model, self, wrappers).execute(
+            x, transformer_options, **conditioning)
+
+    def _apply_model(self, x, transformer_options, **conditioning):
+        return self.diffusion_model(x, **conditioning)
 
 
 def test_samples_beside_a_background_compile_are_dropped(engine, monkeypatch, tmp_path):
@@ -329,3 +359,43 @@ def test_another_nodes_forward_on_a_block_keeps_running_and_stays(engine, monkey
     for _ in range(2):
         torch.testing.assert_close(call(compiled, x.clone()), expected, rtol=1e-4, atol=1e-4)
         assert "forward" in patched_block.__dict__, "the node's forward was taken away"
+
+
+def test_a_new_reference_latent_size_compiles_nothing_in_the_call(engine, monkeypatch, tmp_path):
+    """The defaults, with the kind's graphs traced in this process (ACCEL_PRECOMPILED=0 here; also where torch lacks
+    AOT precompile or a kind could not be saved whole): once the model's calls settle, a repeat of a settled call's
+    inputs skips the blocks' look for a new shape. The call's inputs were keyed by its tensors alone, so a new
+    reference latent size (a list in the conditioning) at the same image size counted as a repeat, and its blocks'
+    new token count compiled in the call, in the prompt (1 frame). Now the list's shapes are in the key: the call
+    runs those blocks eagerly, equal to eager, while a child compiles their graph."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "compile-cache"))
+    monkeypatch.setenv("ACCEL_PRECOMPILED", "0")
+    monkeypatch.setattr(engine.kind_choice, "MIN_CALL_SHARE", 0.0)
+    monkeypatch.setattr(engine.kind_choice, "FASTER_MARGIN", 1e9)  # compiled kept: where compiles happen is tested
+    monkeypatch.setattr(engine.auto_mode, "WHOLE_CALL_MARGIN", 1e9)
+    torch.manual_seed(52)
+    net = ReferenceNet(52).requires_grad_(False)
+    compiled = engine.compile_model(hosted(net, ConditionedBaseModel), engine.CompileOptions())
+
+    def frames_of_call(reference_tokens: int) -> int:
+        x, refs = torch.randn(2, 6, 52), [torch.randn(2, reference_tokens, 52)]
+        frames = counters["stats"]["unique_graphs"]
+        with torch.no_grad():
+            out = compiled.model.apply_model(x, {"wrappers": compiled.wrappers}, ref_latents=refs)
+        torch.testing.assert_close(out, net(x, ref_latents=refs), rtol=1e-4, atol=1e-4)
+        return counters["stats"]["unique_graphs"] - frames
+
+    record = None
+    for _ in range(15):  # profiled, compiled by a child, traced here, timed and checked: settled
+        frames_of_call(4)
+        assert engine.background.BACKGROUND.wait(timeout=300)
+        record = record_of(engine, compiled)
+        if record.auto.verdict is not None:
+            break
+    assert record.auto.verdict == "compiled", record.auto.status(record.entries)
+    assert frames_of_call(4) == 0 and record.last_call["compiled"] == 3, record.last_call  # a settled repeat
+    assert frames_of_call(8) == 0, f"a new reference size compiled in the call: {record.last_call}"
+    assert record.last_call["eager"] == {engine.dispatch.NEW_SHAPE_IN_BACKGROUND: 3}, record.last_call
+

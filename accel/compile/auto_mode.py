@@ -48,6 +48,9 @@ SAMPLES_PER_PATH = 2
 WHOLE_CALL_MARGIN = FASTER_MARGIN
 # Calls that never line up (every call a new shape): stop checking and keep what the per-kind timing chose.
 MAX_CALLS = 24
+# The model calls' inputs_keys kept as settled (a set of small tuples): a conditioning value that changes at every
+# prompt would otherwise grow it without end; emptied, it only costs blocks a look for new shapes until refilled.
+MAX_INPUTS_SEEN = 1024
 
 
 @dataclass
@@ -142,10 +145,25 @@ class AutoMode:
 
 
 def inputs_key(args: tuple, kwargs: dict) -> tuple:
-    """The shapes of a model call's tensor inputs (latent, prompt states, ...): a longer prompt or another size
-    is another key. A few microseconds a call."""
+    """What of a model call's inputs may change the shapes its blocks see: the tensor arguments' shapes (latent,
+    timestep, prompt states), and the conditioning's (the keyword arguments) all through: a list's tensors (Flux
+    Kontext's and Qwen-Image-Edit's reference latents, whose tokens join the image's) and plain values (Lumina 2's
+    num_tokens cuts the prompt). A longer prompt, another size or another reference is another key. A few
+    microseconds a call."""
     return (tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)),
-            tuple((k, tuple(v.shape)) for k, v in kwargs.items() if isinstance(v, torch.Tensor)))
+            tuple((k, _conditioning_key(v)) for k, v in kwargs.items()))
+
+
+def _conditioning_key(value):
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    if isinstance(value, (list, tuple)):
+        return tuple(_conditioning_key(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _conditioning_key(v)) for k, v in value.items())
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return type(value).__name__
 
 
 def plan_call(record, always_compiled: bool, background_allowed: bool, device_type: str,
@@ -198,6 +216,8 @@ def finish_call(record, plan: CallPlan, seconds: float, call_key: tuple, inputs:
     captures to the background compiler, whole-call samples to the check."""
     entries, auto = record.entries, record.auto
     if plan.new_shapes_in_background and not (plan.background or plan.captures or plan.graphs_missing):
+        if len(record.inputs_seen) >= MAX_INPUTS_SEEN:  # a value that changes every prompt: look again
+            record.inputs_seen.clear()
         record.inputs_seen.add(inputs)  # every kind settled and none met a new shape: later repeats need no look
     (compiled_before, eager_before), (compiled_after, eager_after) = plan.served_before, _served(entries)
     record.last_call = {"mode": plan.mode.value, "blocks": plan.blocks, "compiled": compiled_after - compiled_before,
