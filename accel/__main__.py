@@ -19,7 +19,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -112,7 +111,7 @@ def run(args) -> int:
         print(json.dumps(precompile(args.model, sizes, batches, options, args.cfg), indent=1))
         return 0
 
-    from .cache import cache_root, disk_info, export_cache, import_cache
+    from .cache import CacheBusy, cache_root, clear_disk_cache, disk_info, export_cache, import_cache
     from .cache.location import DIR_NAME, ENV_VAR
 
     if not os.environ.get(ENV_VAR) and not (comfy_dir / "main.py").is_file():
@@ -139,8 +138,13 @@ def run(args) -> int:
         for line in clear_remote():
             print(line)
     elif args.action == "clear":
-        shutil.rmtree(root, ignore_errors=True)
-        print(f"removed {root}")
+        # the pack's environment folders only: ACCEL_CACHE_DIR may name a folder that holds other things
+        try:
+            cleared = clear_disk_cache(root)
+        except CacheBusy as err:
+            raise PrecompileError(f"the compile cache is busy ({err}); try again when it is done") from None
+        left = " (its other files stay)" if root.exists() else ""
+        print(f"removed {cleared['removed_megabytes']} MB of compiled graphs from {root}{left}")
     return 0
 
 

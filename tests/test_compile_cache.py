@@ -15,6 +15,7 @@ precompile test. Hit and miss counts are torch's own counters
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -318,16 +319,14 @@ def test_size_cap_evicts_least_recently_used(accel_pack, tmp_path, monkeypatch):
     assert not old_env.exists() and not old_key.exists() and new_key.exists() and busy_key.exists()
     assert env.stats["evicted"] == 2 and (not_ours / "blob").stat().st_size == 3 << 20
 
-    # `cache clear` deletes the environments and leaves the rest of the root (refused while a compile of this
-    # process, an earlier test's background load, is in its cache scope: tried again until it is not)
+    # `python -m accel cache clear` deletes the environments and leaves the rest of the root (before, the command
+    # deleted the whole root; refused while a compile of this process, an earlier test's background load, is in
+    # its cache scope: tried again until it is not)
+    cli = importlib.import_module(accel_pack.__name__ + ".accel.__main__")
     deadline = time.monotonic() + 120
-    while True:
-        try:
-            store.clear_disk_cache(tmp_path)
-            break
-        except store.CacheBusy:
-            assert time.monotonic() < deadline, "the cache stayed busy"
-            time.sleep(0.2)
+    while cli.main(["cache", "clear"]) != 0:
+        assert time.monotonic() < deadline, "the cache stayed busy"
+        time.sleep(0.2)
     assert not env.dir.exists() and (not_ours / "blob").exists()
 
 
@@ -418,8 +417,6 @@ def test_a_record_of_another_name_is_a_warning_not_a_silent_fallback(engine, com
     whole (the 0.33 TypeError), the child says torch refused, and this process warns once for the kind, naming what
     happened and the switch, where the stats' reason alone said it before. Switched off (ACCEL_PRECOMPILED=0), the
     same kind is no refusal."""
-    import importlib
-
     def engine_module(name: str):  # the pack's modules as ComfyUI loaded them
         return importlib.import_module(f"{engine.__name__}.{name}")
 
