@@ -49,4 +49,19 @@ def parse_comfyui_flags(comfy_dir: Path, text: str) -> dict:
     if unknown:
         raise ValueError(f"ComfyUI at {comfy_dir} has no flag {' '.join(unknown)}; `python main.py --help` in "
                          f"ComfyUI's folder lists them")
-    return {name: value for name, value in vars(parsed).items() if value != parser.get_default(name)}
+    return as_comfyui_sets_them({name: value for name, value in vars(parsed).items()
+                                 if value != parser.get_default(name)})
+
+
+def as_comfyui_sets_them(flags: dict) -> dict:
+    """Parsed `flags` as comfy/cli_args.py sets them after parsing, which a server's args hold (and a saved graph's
+    context digests): --fast alone is every PerformanceFeature, --fast with a list is a set of them, --force-fp16
+    sets fp16_unet too. As parsed, precompile's identity had `"fast": []` where the server's had every feature,
+    so nothing it saved served a server started with --fast."""
+    from comfy.cli_args import PerformanceFeature
+
+    if "fast" in flags:
+        flags["fast"] = set(PerformanceFeature) if flags["fast"] == [] else set(flags["fast"])
+    if flags.get("force_fp16"):
+        flags["fp16_unet"] = True
+    return flags

@@ -152,13 +152,14 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     """`python -m accel precompile` at a size no process sampled, with the server's flags, then a new ComfyUI
     server runs a workflow at that size: precompile saved each kind whole (precompiled.py), so the server starts
     no child and never runs Dynamo; its compiled prompt (on the CPU once inductor's checks ran in their thread,
-    after the first prompt) is served by those precompiled functions. The server runs with a flag that changes
-    what ComfyUI computes (--force-fp32, a no-op on the CPU but part of a saved graph's context), which precompile
-    is given by --comfyui-args: without it, no saved graph would serve the server."""
+    after the first prompt) is served by those precompiled functions. The server runs with flags that change
+    what ComfyUI computes (--force-fp32, and --fast's features, no-ops on the CPU but part of a saved graph's
+    context), which precompile is given by --comfyui-args: without them, no saved graph would serve the server
+    (nor with --fast as parsed, before ComfyUI makes it every feature: so it was, a child started)."""
     width, height = PRECOMPILED
     env = {**os.environ, "ACCEL_CACHE_DIR": str(shared["dir"]), "COMFYUI_DIR": str(comfyui_dir())}
     proc = subprocess.run([sys.executable, "-m", "accel", "precompile", "--model", SMALL,
-                           "--sizes", f"{width}x{height}", "--batch", "1", "--comfyui-args=--force-fp32"],
+                           "--sizes", f"{width}x{height}", "--batch", "1", "--comfyui-args=--force-fp32 --fast"],
                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout[proc.stdout.index("{"):])
@@ -172,7 +173,7 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     graph["11"]["inputs"]["vae"] = ["9", 0]
     graph["7"]["inputs"].update(width=width, height=height)
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(shared["dir"]))
-    with ComfyServer(tmp_path / "server", extra_args=("--force-fp32",)) as server:
+    with ComfyServer(tmp_path / "server", extra_args=("--force-fp32", "--fast")) as server:
         server.run_workflow(graph)
         deadline = time.monotonic() + 300
         while (background := server.get_json("/accel/stats")["compile"]["background"])["busy"]:
