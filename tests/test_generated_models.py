@@ -1,6 +1,8 @@
 """The generated models are real ComfyUI architectures, loaded by ComfyUI's own loader nodes."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -92,3 +94,24 @@ def test_full_text_to_image_in_process(loaders):
     (vae,) = loaders.VAELoader().load_vae("taesd")
     (image,) = loaders.VAEDecode().decode(vae, samples)
     assert image.shape == (1, 128, 128, 3) and torch.isfinite(image).all()
+
+
+def test_setup_keeps_a_models_file_it_did_not_write(comfy_dir, tmp_path, capsys):
+    """With COMFYUI_DIR at a user's own ComfyUI, vae_approx/ holds their real TAESD under the names the tests'
+    generated one takes: set-up keeps it (before, it was replaced with random weights, and TAESD previews turned
+    to noise), and rewrites only files of its own that are missing or stale."""
+    from safetensors.torch import save_file
+
+    from tools.make_models import MODEL_FILES, needs_writing, write_model
+
+    spec = next(f for f in MODEL_FILES if f.name == "taesd_decoder.safetensors")
+    theirs = tmp_path / "theirs" / spec.name
+    theirs.parent.mkdir()
+    save_file({"decoder.layers.0.weight": torch.ones(2)}, str(theirs))  # a real download has no metadata of ours
+    assert not needs_writing(theirs, spec) and "kept" in capsys.readouterr().out
+    ours = tmp_path / "ours" / spec.name
+    assert needs_writing(ours, spec)  # missing
+    ours.parent.mkdir()
+    write_model(ours, spec)
+    assert not needs_writing(ours, spec)  # current
+    assert needs_writing(ours, dataclasses.replace(spec, seed=spec.seed + 1))  # ours, for another seed: stale

@@ -232,17 +232,35 @@ MODEL_FILES = [
 ]
 
 
-def is_current(path: Path, spec: ModelFile) -> bool:
+def _metadata(path: Path) -> dict | None:
+    """A safetensors file's metadata; None when it cannot be read as one."""
     from safetensors import safe_open
 
-    if not path.exists():
-        return False
     try:
         with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
+            return f.metadata() or {}
     except Exception:
-        return False  # truncated or foreign file: write it again
-    return meta.get("accel_generator") == GENERATOR_VERSION and meta.get("accel_seed") == str(spec.seed)
+        return None
+
+
+def is_current(path: Path, spec: ModelFile) -> bool:
+    meta = _metadata(path) if path.exists() else None
+    return bool(meta) and meta.get("accel_generator") == GENERATOR_VERSION and meta.get("accel_seed") == str(spec.seed)
+
+
+def needs_writing(path: Path, spec: ModelFile) -> bool:
+    """Whether to (re)write `path`: missing, or written by this script for another seed or version. A file of that
+    name this script did not write stays: with COMFYUI_DIR at a user's own ComfyUI, vae_approx/ holds their real
+    TAESD under the names the tests' generated one takes (before, set-up replaced it with random weights). Files
+    are written under another name and renamed (write_model), so a file of ours is never half-written."""
+    if not path.exists():
+        return True
+    meta = _metadata(path)
+    if not meta or "accel_generator" not in meta:
+        print(f"[models] kept {path}: this script did not write it (your own file?), so the tests use it as it is",
+              flush=True)
+        return False
+    return not is_current(path, spec)
 
 
 def write_model(path: Path, spec: ModelFile) -> None:
@@ -369,7 +387,7 @@ def main() -> None:
         folder = Path(folder_paths.models_dir) / spec.folder
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / spec.name
-        if not is_current(path, spec):
+        if needs_writing(path, spec):
             pending.append((path, spec))
     others = []
     if args.set in ("test", "templates", "all"):
