@@ -39,7 +39,8 @@ def register_routes() -> bool:
     async def accel_cache(request):
         from ..accel.compile.cache_control import cache_on_disk
 
-        return web.json_response(cache_on_disk())
+        # off the event loop: sizing a large cache walks every file
+        return web.json_response(await asyncio.get_running_loop().run_in_executor(None, cache_on_disk))
 
     @PromptServer.instance.routes.post("/accel/cache/clear")
     async def accel_cache_clear(request):

@@ -10,6 +10,8 @@ the test's own:
   system is a tmpfs of its own, which needs root with CAP_SYS_ADMIN (this project's machines have both);
   elsewhere the test says so and skips;
 - a damaged shares file (compile/saved_findings.py) is read as none, measured again and rewritten whole;
+- a damaged environment fingerprint is said by `cache info` and the web UI's panel (whose Clear button comes with
+  that answer), left out of an export, and written again at the environment's next use;
 - a precompiled function file of another format (an older pack's) counts as none: the kind goes to a child, as
   one without any, rather than load through Dynamo in a prompt;
 - a damaged background job (its job.pkl) fails that job alone: the child says why in the job's done file and
@@ -109,6 +111,28 @@ def test_a_damaged_shares_file_is_measured_again_and_rewritten(engine, tmp_path,
     assert json.loads(path.read_text()) == {"kind-a": 0.25}
     saved_findings._known.pop(path, None)  # as a later process reads it
     assert saved_findings.saved_share("cpu", "kind-a") == 0.25
+
+
+def test_a_damaged_fingerprint_is_said_left_out_of_an_export_and_written_again(accel_pack, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """Before, reading it raised: GET /accel/cache answered 500, so the panel showed no Clear button, and `cache
+    info` and `cache export` ended in a traceback; nothing wrote it again."""
+    import importlib
+
+    store = importlib.import_module(accel_pack.__name__ + ".accel.cache.store")
+    cli = importlib.import_module(accel_pack.__name__ + ".accel.__main__")
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cache"))
+    env = store.EnvironmentCache(tmp_path / "cache", "cpu")
+    assert env.check_usable() and store.read_fingerprint(env.dir) == env.fingerprint
+    (env.dir / "fingerprint.json").write_text("")  # a disk that filled up, a copy cut short
+    (info,) = store.disk_info(tmp_path / "cache")["environments"]
+    assert info["env_id"] == env.dir.name and "damaged" in info["fingerprint"]["unreadable"], info
+    capsys.readouterr()
+    assert cli.main(["cache", "info"]) == 0 and "damaged" in capsys.readouterr().out
+    assert cli.main(["cache", "export", str(tmp_path / "cache.zip")]) == 0
+    assert "0 files of 0 environments" in capsys.readouterr().out  # no import could check it against a machine
+    again = store.EnvironmentCache(tmp_path / "cache", "cpu")  # the environment's next use, in a later process
+    assert again.check_usable() and store.read_fingerprint(env.dir) == env.fingerprint
 
 
 def test_a_precompiled_file_of_another_format_counts_as_none(accel_pack, tmp_path):

@@ -269,6 +269,7 @@ def test_panel_lists_the_compiled_kinds_and_clears_the_disk_cache(ui):
     assert kinds and all(kind in panel for kind in kinds), (kinds, panel[:2000])
     assert str(root) in panel and "Disk cache" in panel
     screenshot(page, "panel")
+    page.once("dialog", lambda dialog: dialog.accept())  # the button asks first
     page.click(".accel-clear-cache")
     page.wait_for_function("() => document.querySelector('.accel-message')?.textContent.startsWith('Removed')",
                            timeout=30_000)

@@ -52,11 +52,19 @@ async function render(root) {
   const message = element("div", "", "font-size:12px;margin-bottom:8px");
   message.className = "accel-message";
   clear.onclick = async () => {
-    const response = await api.fetchApi("/accel/cache/clear", { method: "POST" });
-    const answer = await response.json();
+    // Every compiled graph of every environment goes: the next prompts compile again (minutes on a CPU).
+    if (!window.confirm("Clear the compile cache? Compiled graphs are made again at the next prompts.")) return;
+    let text;
+    try {
+      const response = await api.fetchApi("/accel/cache/clear", { method: "POST" });
+      const answer = await response.json();
+      text = response.ok ? `Removed ${answer.root} (${answer.removed_megabytes} MB).` : `Not cleared: ${answer.error}`;
+    } catch (error) {  // no JSON answer: a proxy's error page, a server gone
+      text = `Not cleared: ${error.message}`;
+    }
     await render(root);
-    root.querySelector(".accel-message").textContent = response.ok
-      ? `Removed ${answer.root} (${answer.removed_megabytes} MB).` : `Not cleared: ${answer.error}`;
+    const shown = root.querySelector(".accel-message");
+    if (shown) shown.textContent = text;
   };
   buttons.append(refresh, clear);
   parts.push(buttons, message);

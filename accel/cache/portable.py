@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 from .location import environment_id, fingerprint
-from .store import FINDINGS_FILES, PRECOMPILED_DIR, environment_dirs, unpack_artifact, write_atomic
+from .store import FINDINGS_FILES, PRECOMPILED_DIR, environment_dirs, read_fingerprint, unpack_artifact, write_atomic
 
 FORMAT = "comfyui-accel-compile-cache/2"  # /2: the manifest has each file's sha256
 READABLE = (FORMAT, "comfyui-accel-compile-cache/1")
@@ -34,6 +34,9 @@ def export_cache(root: Path, destination: Path) -> dict:
     tmp = destination.with_name(destination.name + ".partial")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as archive:
         for env_dir in environment_dirs(root):
+            fingerprint = read_fingerprint(env_dir)
+            if fingerprint is None:  # no import could check it against its machine (the next compile rewrites it)
+                continue
             files, hashes = [], {}
             artifacts = env_dir / "artifacts"  # each key's artifacts, and its precompiled functions (store.py)
             for path in sorted([*artifacts.glob("*/*.bin"), *artifacts.glob(f"*/{PRECOMPILED_DIR}/*.bin")]):
@@ -46,7 +49,7 @@ def export_cache(root: Path, destination: Path) -> dict:
                 if findings.is_file():  # auto mode decides each kind as on the exporting machine
                     _add(archive, root, findings, files, hashes)
             manifest["environments"].append({"env_id": env_dir.name, "files": files, "sha256": hashes,
-                                             "fingerprint": json.loads((env_dir / "fingerprint.json").read_text())})
+                                             "fingerprint": fingerprint})
         archive.writestr("manifest.json", json.dumps(manifest, indent=1))
     tmp.replace(destination)
     return manifest

@@ -240,7 +240,7 @@ class EnvironmentCache:
                     for path in (self.inductor_dir, self.artifacts_dir):
                         with tempfile.TemporaryFile(dir=path):
                             pass
-                    if not (self.dir / "fingerprint.json").exists():
+                    if read_fingerprint(self.dir) is None:  # new, or damaged: what `cache info` shows
                         write_atomic(self.dir / "fingerprint.json", json.dumps(self.fingerprint, indent=1).encode())
                     self.usable = True
                 except OSError as err:
@@ -566,10 +566,23 @@ def environment_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / "fingerprint.json").is_file()) if root.is_dir() else []
 
 
+def read_fingerprint(env_dir: Path) -> dict | None:
+    """An environment's fingerprint.json; None when it cannot be read (missing, damaged). It only describes the
+    environment (its folder's name is the id), so a damaged one costs nothing but its description: the next
+    process to use the environment writes it again."""
+    try:
+        found = json.loads((env_dir / "fingerprint.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def disk_info(root: Path) -> dict:
-    """What the cache holds on disk: each environment's fingerprint, compile keys and size (`cache info`)."""
+    """What the cache holds on disk: each environment's fingerprint, compile keys and size (`cache info`, the
+    web UI's panel). A damaged fingerprint is said, not raised: the panel's Clear button comes with this answer."""
+    unreadable = {"unreadable": "fingerprint.json is damaged; the next compile in this environment writes it again"}
     return {"root": str(root), "environments": [
-        {"env_id": p.name, "fingerprint": json.loads((p / "fingerprint.json").read_text()),
+        {"env_id": p.name, "fingerprint": read_fingerprint(p) or unreadable,
          "keys": len([k for k in (p / "artifacts").glob("*") if k.is_dir()]),
          "megabytes": round(tree_size(p) / 2**20, 1)} for p in environment_dirs(root)]}
 
