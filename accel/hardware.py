@@ -10,12 +10,13 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
+from .env_settings import env_switch
+
 # Each switch turns one optimisation off; the log names the switch whenever a feature falls back.
 SWITCHES = {
     "compile": "ACCEL_DISABLE_COMPILE",
     "cuda_graphs": "ACCEL_DISABLE_CUDA_GRAPHS",
     "max_autotune": "ACCEL_DISABLE_MAX_AUTOTUNE",
-    "bf16": "ACCEL_DISABLE_BF16",
     "sdpa_in_compiled_blocks": "ACCEL_DISABLE_SDPA_IN_COMPILED_BLOCKS",
     "background_compile": "ACCEL_DISABLE_BACKGROUND_COMPILE",
 }
@@ -26,7 +27,6 @@ class DeviceProbe:
     device_type: str  # "cuda", "cpu", "mps", "xpu"
     name: str = ""
     capability: tuple[int, int] | None = None  # CUDA compute capability
-    bf16: bool = False
     triton: bool = False
     c_compiler: bool = False
     cuda_malloc_async: bool = False
@@ -63,9 +63,9 @@ def probe(device=None) -> DeviceProbe:
     if device.type == "cuda":
         allocator = torch.cuda.get_allocator_backend() if hasattr(torch.cuda, "get_allocator_backend") else ""
         return DeviceProbe("cuda", torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device),
-                           torch.cuda.is_bf16_supported(), importlib.util.find_spec("triton") is not None,
+                           importlib.util.find_spec("triton") is not None,
                            c_compiler, allocator == "cudaMallocAsync")
-    return DeviceProbe(device.type, device.type, None, device.type == "cpu", False, c_compiler, False)
+    return DeviceProbe(device.type, device.type, None, False, c_compiler, False)
 
 
 def decide(found: DeviceProbe, env: dict[str, str] | None = None) -> Policy:
@@ -73,8 +73,9 @@ def decide(found: DeviceProbe, env: dict[str, str] | None = None) -> Policy:
     decisions: dict[str, Decision] = {}
     for feature, rule in _RULES.items():
         switch = SWITCHES[feature]
-        if env.get(switch, "") not in ("", "0"):
-            decisions[feature] = Decision(False, f"turned off by {switch}=1")
+        value = env_switch(switch, env)
+        if value is not None:
+            decisions[feature] = Decision(False, f"turned off by {switch}={value}")
         else:
             allowed, reason = rule(found, decisions)
             decisions[feature] = Decision(allowed, reason if allowed else f"{reason} (set {switch}=1 to silence)")
@@ -113,14 +114,6 @@ def _max_autotune(p: DeviceProbe, decided):
     return True, "autotuning allowed"
 
 
-def _bf16(p: DeviceProbe, _):
-    if p.device_type == "cuda":
-        return p.bf16, "native bfloat16" if p.bf16 else f"{p.name} has no native bfloat16"
-    if p.device_type == "cpu":
-        return True, "bfloat16 runs on the CPU"
-    return False, f"bfloat16 is not checked on {p.device_type}"
-
-
 def _sdpa_in_compiled_blocks(p: DeviceProbe, decided):
     return decided["compile"].allowed, "PyTorch SDPA replaces graph-breaking attention inside compiled blocks"
 
@@ -132,5 +125,5 @@ def _background_compile(p: DeviceProbe, decided):
     return True, "cold compiles run in a child process while blocks run eagerly"
 
 
-_RULES = {"compile": _compile, "cuda_graphs": _cuda_graphs, "max_autotune": _max_autotune, "bf16": _bf16,
+_RULES = {"compile": _compile, "cuda_graphs": _cuda_graphs, "max_autotune": _max_autotune,
           "sdpa_in_compiled_blocks": _sdpa_in_compiled_blocks, "background_compile": _background_compile}

@@ -12,25 +12,25 @@ def hardware(accel_pack):
 
 
 def cuda(hardware, cap, name, malloc_async=False):
-    return hardware.DeviceProbe("cuda", name, cap, bf16=cap >= (8, 0), triton=True, c_compiler=True,
+    return hardware.DeviceProbe("cuda", name, cap, triton=True, c_compiler=True,
                                 cuda_malloc_async=malloc_async)
 
 
 # feature -> allowed, per simulated device
 TABLE = {
-    "cpu": dict(compile=True, cuda_graphs=False, max_autotune=True, bf16=True),
-    "sm_70": dict(compile=True, cuda_graphs=True, max_autotune=False, bf16=False),
-    "sm_75": dict(compile=True, cuda_graphs=True, max_autotune=False, bf16=False),
-    "sm_80": dict(compile=True, cuda_graphs=True, max_autotune=True, bf16=True),
-    "sm_89": dict(compile=True, cuda_graphs=True, max_autotune=True, bf16=True),
-    "sm_90": dict(compile=True, cuda_graphs=True, max_autotune=True, bf16=True),
-    "mps": dict(compile=False, cuda_graphs=False, max_autotune=False, bf16=False),
+    "cpu": dict(compile=True, cuda_graphs=False, max_autotune=True),
+    "sm_70": dict(compile=True, cuda_graphs=True, max_autotune=False),
+    "sm_75": dict(compile=True, cuda_graphs=True, max_autotune=False),
+    "sm_80": dict(compile=True, cuda_graphs=True, max_autotune=True),
+    "sm_89": dict(compile=True, cuda_graphs=True, max_autotune=True),
+    "sm_90": dict(compile=True, cuda_graphs=True, max_autotune=True),
+    "mps": dict(compile=False, cuda_graphs=False, max_autotune=False),
 }
 
 
 def simulated(hardware, name):
     if name == "cpu":
-        return hardware.DeviceProbe("cpu", "cpu", None, bf16=True, c_compiler=True)
+        return hardware.DeviceProbe("cpu", "cpu", None, c_compiler=True)
     if name == "mps":
         return hardware.DeviceProbe("mps", "Apple M2")
     cap = (int(name[3]), int(name[4]))
@@ -55,8 +55,12 @@ def test_cuda_malloc_async_refuses_cuda_graphs_with_the_fix(hardware):
 
 def test_env_switch_turns_each_feature_off(hardware):
     for feature, switch in hardware.SWITCHES.items():
-        policy = hardware.decide(simulated(hardware, "sm_90"), env={switch: "1"})
-        assert not policy.allows(feature) and switch in policy.explain(feature)
+        for on in ("1", "true", "yes"):
+            policy = hardware.decide(simulated(hardware, "sm_90"), env={switch: on})
+            assert not policy.allows(feature) and f"{switch}={on}" in policy.explain(feature)
+        # as a docker-compose file writes "off" (before, any value but "" and "0" turned the feature off)
+        for off in ("", "0", "false", "False", "no", "off"):
+            assert hardware.decide(simulated(hardware, "sm_90"), env={switch: off}).allows(feature), (switch, off)
 
 
 def test_real_probe_here(hardware):

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlsplit, urlunsplit
 
+from ..env_settings import env_switch
+
 log = logging.getLogger("comfyui_accel")
 
 URL_ENV = "ACCEL_REMOTE_CACHE"
@@ -222,7 +224,7 @@ class RemoteStore:
         travel."""
         from .torch_remote import VerifyingEndpoint, can_serve
 
-        if os.environ.get(TORCH_CACHES_OFF_ENV, "") not in ("", "0"):
+        if env_switch(TORCH_CACHES_OFF_ENV) is not None:
             return None
         with self._lock:
             if self._endpoint is None and not self._endpoint_failed:

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 
 import torch
 import torch._dynamo
 
+from ...env_settings import env_switch
 from ..shapes import call_values, tensor_shapes, with_values
 
 TWIN_BATCH = 2
@@ -55,7 +55,7 @@ def batch_twin(block, args: tuple, kwargs: dict, dims: set, job_batches: set) ->
     (cfg 1 after cfg 5) has, or gets with its next change, a dynamic graph for larger batches: a twin would repeat
     it. `dims` are (tensor index, dimension) pairs over the call's tensors in order (*args, *kwargs.values()), as
     shapes.KindShapes marks them. None too where SWITCH turns twins off."""
-    if os.environ.get(SWITCH, "") not in ("", "0"):
+    if env_switch(SWITCH) is not None:
         return None
     if job_batches != {1} or batch_of(args, kwargs) != 1 or not any(d != 0 for _, d in dims):
         return None

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Callable
 
-from ...env_settings import env_float
+from ...env_settings import env_float, env_switch
 from ...thread_names import start_thread
 
 log = logging.getLogger("comfyui_accel")
@@ -124,7 +124,7 @@ def _max_wait() -> float:
 def hold_until_idle(device_type: str) -> bool:
     """Whether background work waits for an idle moment of this process (idle_gate.py): on a CPU machine with
     few cores."""
-    if os.environ.get(AT_ONCE_ENV, "") not in ("", "0"):
+    if env_switch(AT_ONCE_ENV) is not None:
         return False
     return device_type == "cpu" and (os.cpu_count() or 1) <= FEW_CORES
 
