@@ -91,11 +91,19 @@ def load_model(name: str):
         else:
             raise PrecompileError(f"--model {name}: no such file, and not in ComfyUI's diffusion_models or "
                                   f"checkpoints folders; pass a path or a name listed there")
-    if folder != "checkpoints":
-        model = comfy.sd.load_diffusion_model(str(path))
+    errors = []
+    loaders = [lambda: comfy.sd.load_diffusion_model(str(path)),
+               lambda: comfy.sd.load_checkpoint_guess_config(str(path), output_vae=False, output_clip=False)[0]]
+    for load in loaders[folder == "checkpoints":]:
+        try:
+            model = load()
+        except RuntimeError as err:  # ComfyUI's "Could not detect model type" and the like
+            errors.append(str(err).strip())
+            continue
         if model is not None:
             return model
-    return comfy.sd.load_checkpoint_guess_config(str(path), output_vae=False, output_clip=False)[0]
+    raise PrecompileError(f"--model {name}: ComfyUI finds no diffusion model in {path} ({'; '.join(errors) or 'none'})"
+                          f"; pass a checkpoint or diffusion-model file, not a LoRA, VAE or text encoder")
 
 
 def _conds(patcher):
@@ -129,6 +137,14 @@ def _precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int
     from .compile import compile_model
     from .compile.registry import REGISTRY
 
+    import comfy.model_management
+
+    from .compile.policy import device_policy
+
+    device = comfy.model_management.get_torch_device()
+    policy = device_policy(device)
+    if not policy.allows("compile"):  # the nodes would run eagerly: nothing to put in the cache
+        raise PrecompileError(f"nothing to precompile: on {device} {policy.explain('compile')}")
     patcher = load_model(model_name)
     compiled = compile_model(patcher, options)
     # the background compile, whose code saves kinds whole, compiles repeated blocks only: a whole model's graphs

@@ -204,6 +204,33 @@ def test_precompile_names_a_server_flag_comfyui_does_not_take(tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
+def test_precompile_and_export_refuse_what_they_cannot_do_with_an_error(accel_pack, tmp_path, monkeypatch, capsys):
+    """Each an error that says what to do (exit 2), where before: a LoRA given as --model ended in ComfyUI's
+    traceback; with compiling off (ACCEL_DISABLE_COMPILE, or no C++ compiler or Triton) precompile sampled eagerly
+    and exited 0 having saved nothing, so an image build warmed nothing unseen; an export to a folder ended in a
+    traceback and left its .partial file behind."""
+    import folder_paths
+
+    cli = importlib.import_module(accel_pack.__name__ + ".accel.__main__")
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cache"))
+    lora = folder_paths.get_full_path("loras", "accel-sd15-lora.safetensors")
+
+    def refused(*argv: str) -> str:
+        capsys.readouterr()
+        assert cli.main(list(argv)) == 2
+        return capsys.readouterr().err
+
+    assert "finds no diffusion model" in refused("precompile", "--model", lora, "--cpu")
+    monkeypatch.setenv("ACCEL_DISABLE_COMPILE", "1")
+    assert "nothing to precompile" in refused("precompile", "--model", SMALL, "--cpu")
+    monkeypatch.delenv("ACCEL_DISABLE_COMPILE")
+    store = importlib.import_module(accel_pack.__name__ + ".accel.cache.store")
+    assert store.EnvironmentCache(tmp_path / "cache", "cpu").check_usable()  # something to export
+    (tmp_path / "exports").mkdir()
+    assert "is a folder" in refused("cache", "export", str(tmp_path / "exports"))
+    assert list((tmp_path / "exports").iterdir()) == [] and not list(tmp_path.glob("*.partial"))
+
+
 def test_export_and_import_move_the_cache(filled, tmp_path):
     shared = filled
     exported = tmp_path / "cache.zip"

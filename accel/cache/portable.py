@@ -30,8 +30,20 @@ READABLE = (FORMAT, "comfyui-accel-compile-cache/1")
 def export_cache(root: Path, destination: Path) -> dict:
     """Write every environment's artifacts under `root` to the zip `destination`; returns the manifest."""
     manifest = {"format": FORMAT, "environments": []}
+    if destination.is_dir():
+        raise ValueError(f"{destination} is a folder; name the file to write, e.g. {destination / 'accel-cache.zip'}")
     destination.parent.mkdir(parents=True, exist_ok=True)
     tmp = destination.with_name(destination.name + ".partial")
+    try:
+        _write_archive(root, tmp, manifest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # nothing half-written left behind
+        raise
+    tmp.replace(destination)
+    return manifest
+
+
+def _write_archive(root: Path, tmp: Path, manifest: dict) -> None:
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as archive:
         for env_dir in environment_dirs(root):
             fingerprint = read_fingerprint(env_dir)
@@ -51,8 +63,6 @@ def export_cache(root: Path, destination: Path) -> dict:
             manifest["environments"].append({"env_id": env_dir.name, "files": files, "sha256": hashes,
                                              "fingerprint": fingerprint})
         archive.writestr("manifest.json", json.dumps(manifest, indent=1))
-    tmp.replace(destination)
-    return manifest
 
 
 def _add(archive: zipfile.ZipFile, root: Path, path: Path, files: list, hashes: dict, check=None) -> None:
