@@ -144,6 +144,8 @@ def missing_system_packages() -> list[str]:
         missing.append("chromium")  # the web UI tests (or set ACCEL_CHROMIUM to a Chromium binary)
     if shutil.which("redis-server") is None:
         missing.append("redis-server")  # the remote compile cache tests start their own
+    if not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        missing.append("g++")  # inductor's C++ kernels: without it nothing compiles on the CPU (demo and tests)
     return missing
 
 
@@ -155,8 +157,8 @@ def start_system_installs() -> tuple[subprocess.Popen, Path, list[str]] | None:
     if not packages:
         return None
     if shutil.which("apt-get") is None or os.geteuid() != 0:
-        log(f"missing {', '.join(packages)}: the web UI and remote-cache tests need them (Debian: apt-get install "
-            f"{' '.join(packages)})")
+        log(f"missing {', '.join(packages)}: the tests need them (the web UI, the remote cache, CPU compiles; "
+            f"Debian: apt-get install {' '.join(packages)})")
         return None
     command = APT_INSTALL + packages
     log("$ " + " ".join(command) + "  (beside the Python set-up)")
