@@ -4,6 +4,7 @@ from ..accel.weight_swap import WeightsFile, file_identity, swap_from_model, swa
 from .common import CATEGORY
 
 NO_FILE = "(use weights_model)"
+SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
 WEIGHT_FOLDERS = ("diffusion_models", "checkpoints")
 # Loader nodes whose file is the model's original weights: class_type -> (file input, model folder).
 LOADERS = {
@@ -15,9 +16,14 @@ MODEL_INPUTS = ("model", "model1")  # the input a MODEL -> MODEL node builds its
 
 
 def weight_files():
+    """The safetensors files of ComfyUI's diffusion_models and checkpoints folders, each name once (weights_path
+    reads a name found in both from diffusion_models): the only files Swap Weights reads, where the folders also
+    list .ckpt, .pt and .bin files, which it would refuse only when the workflow ran."""
     import folder_paths  # ComfyUI's own model folder registry
 
-    return [NO_FILE] + [name for folder in WEIGHT_FOLDERS for name in folder_paths.get_filename_list(folder)]
+    names = [name for folder in WEIGHT_FOLDERS for name in folder_paths.get_filename_list(folder)
+             if name.lower().endswith(SAFETENSORS_SUFFIXES)]
+    return [NO_FILE] + list(dict.fromkeys(names))
 
 
 def weights_path(name: str) -> str:

@@ -333,9 +333,17 @@ def test_original_weights_are_spilled_once_when_the_loader_file_is_unknown(ws, a
 
 def test_weights_model_input_and_node_errors(accel_pack, compiled, eager):
     node = accel_pack.nodes.swap_weights
-    schema = node.SwapWeights.INPUT_TYPES()
+    # a file Swap Weights cannot read is not offered (before, it was, and refused only when the workflow ran)
+    pickle_file = os.path.join(os.path.dirname(file_path(SMALL)), "accel-not-safetensors.ckpt")
+    with open(pickle_file, "wb") as f:
+        f.write(b"\x80\x02}q\x00.")
+    try:
+        schema = node.SwapWeights.INPUT_TYPES()
+    finally:
+        os.remove(pickle_file)
     files = schema["required"]["weights_file"][0]
-    assert files[0] == node.NO_FILE and SMALL_B in files
+    assert files[0] == node.NO_FILE and SMALL_B in files and len(files) == len(set(files))
+    assert not [f for f in files[1:] if not f.endswith((".safetensors", ".sft"))], files
     assert schema["optional"]["weights_model"][0] == "MODEL"
     out = node.SwapWeights().apply(compiled, node.NO_FILE, eager["b"])[0]
     assert_close_to_eager(sample(out), eager["out_b"], "weights from a second MODEL")
