@@ -131,9 +131,25 @@ def thread_report(pid: int | None = None) -> dict:
     allowed = sorted(os.sched_getaffinity(pid)) if hasattr(os, "sched_getaffinity") else None
     report = {"pid": pid, "openmp_runtimes": openmp_runtimes(pid), "threads": len(per_thread),
               "per_thread": per_thread, "torch": torch_info, "pack_thread_pools": pools,
-              "affinity": {"allowed_cpus": allowed, "cpu_count": os.cpu_count()}, "environment": environment(pid)}
+              "affinity": {"allowed_cpus": allowed, "cpu_count": os.cpu_count()}, "environment": environment(pid),
+              "unreadable": [] if own else unreadable(pid)}
     report["warnings"] = problems(report)
     return report
+
+
+def unreadable(pid: int) -> list[str]:
+    """The files of another process's /proc the report reads and may not (a ComfyUI of another user, or in a
+    container): without them its runtimes and settings would read as none, a clean bill it did not earn."""
+    refused = []
+    for name in ("maps", "environ"):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                f.read(1)
+        except PermissionError:
+            refused.append(f"/proc/{pid}/{name}")
+        except OSError:
+            pass  # gone, or no /proc: nothing to say about access
+    return refused
 
 
 # A pool's threads live as long as the process; a thread Python has just let go of is gone from /proc within
@@ -157,6 +173,10 @@ def problems(report: dict) -> list[str]:
     """The report's "warnings": human sentences, each naming the cause and its effect."""
     said = []
     runtimes, torch_info, allowed = report["openmp_runtimes"], report["torch"], report["affinity"]["allowed_cpus"]
+    if report.get("unreadable"):
+        said.append(f"could not read {' and '.join(report['unreadable'])} (permission denied): its OpenMP runtimes "
+                    "and thread settings are unknown, not none; run the doctor as the user that runs ComfyUI, in "
+                    "its container")
     if len(runtimes) > 1:
         said.append(f"{len(runtimes)} OpenMP runtimes are loaded ({', '.join(runtimes)}): each keeps its own thread "
                     "pool, and together they can oversubscribe the cores and slow CPU work (pytorch#98836)")
