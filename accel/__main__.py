@@ -38,7 +38,14 @@ def default_comfyui() -> Path:
         return Path(os.environ["COMFYUI_DIR"]).expanduser()
     # installed as ComfyUI/custom_nodes/<pack>; a symlinked pack resolves elsewhere, the shell's $PWD does not
     candidates = [PACK_DIR.parent.parent, Path(os.environ.get("PWD", ".")).parent.parent]
-    return next((c for c in candidates if (c / "main.py").is_file()), candidates[0])
+    return next((c for c in candidates if (c / "main.py").is_file()),
+                next((c for c in candidates if is_base_directory(c)), candidates[0]))
+
+
+def is_base_directory(folder: Path) -> bool:
+    """A ComfyUI started with --base-directory FOLDER (ComfyUI Desktop's user folder, a server's data volume): its
+    custom_nodes/ and models/ are there and ComfyUI's code elsewhere. The nodes' compile cache is in it."""
+    return not (folder / "main.py").is_file() and (folder / "custom_nodes").is_dir()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -114,9 +121,10 @@ def run(args) -> int:
     from .cache import CacheBusy, cache_root, clear_disk_cache, disk_info, export_cache, import_cache
     from .cache.location import DIR_NAME, ENV_VAR
 
-    if not os.environ.get(ENV_VAR) and not (comfy_dir / "main.py").is_file():
+    if not os.environ.get(ENV_VAR) and not ((comfy_dir / "main.py").is_file() or is_base_directory(comfy_dir)):
         raise PrecompileError(f"no ComfyUI at {comfy_dir}, so no cache to use: run this from the pack's folder in "
-                              f"ComfyUI/custom_nodes, or pass --comfyui DIR, or set {ENV_VAR}")
+                              f"ComfyUI/custom_nodes, or pass --comfyui DIR (ComfyUI's folder, or its "
+                              f"--base-directory), or set {ENV_VAR}")
     root = cache_root() if os.environ.get(ENV_VAR) else comfy_dir / DIR_NAME
     if args.action in ("export", "import") and args.file is None:
         raise PrecompileError(f"cache {args.action} needs a FILE argument")

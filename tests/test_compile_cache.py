@@ -231,6 +231,21 @@ def test_precompile_and_export_refuse_what_they_cannot_do_with_an_error(accel_pa
     assert list((tmp_path / "exports").iterdir()) == [] and not list(tmp_path.glob("*.partial"))
 
 
+def test_cache_commands_find_the_cache_of_a_comfyui_base_directory(tmp_path):
+    """ComfyUI started with --base-directory (ComfyUI Desktop's user folder, a server's data volume) keeps
+    custom_nodes/ and the nodes' compile cache there, its code elsewhere: the commands, run from the pack's folder
+    in it, use that cache (before: "no ComfyUI at ...", as they looked for main.py)."""
+    base = tmp_path / "base"
+    pack = base / "custom_nodes" / "comfyui-accel"
+    pack.parent.mkdir(parents=True)
+    pack.symlink_to(ROOT)
+    env = {k: v for k, v in os.environ.items() if k not in ("COMFYUI_DIR", "ACCEL_CACHE_DIR")}
+    proc = subprocess.run([sys.executable, "-m", "accel", "cache", "info"], cwd=pack, env={**env, "PWD": str(pack)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["root"] == str(base / "accel_cache"), proc.stdout
+
+
 def test_export_and_import_move_the_cache(filled, tmp_path):
     shared = filled
     exported = tmp_path / "cache.zip"
