@@ -14,6 +14,7 @@ are exactly the ones a workflow's first sampling will ask for:
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -52,6 +53,9 @@ def parse_batches(text: str) -> list[int]:
     return batches
 
 
+DEVICE_FLAGS = ("cuda_device", "default_device")
+
+
 def import_comfyui(comfy_dir: Path, cpu: bool, comfyui_args: str = "") -> None:
     """ComfyUI's core in this process, as its main.py would set it up (model folders included), with the server's
     flags `comfyui_args` (as on main.py's command line): graphs saved whole serve a server only where the flags
@@ -67,13 +71,19 @@ def import_comfyui(comfy_dir: Path, cpu: bool, comfyui_args: str = "") -> None:
     except ValueError as err:
         raise PrecompileError(f"--comfyui-args: {err}") from err
     cpu = flags.pop("cpu", False) or cpu
+    for flag in DEVICE_FLAGS:  # main.py turns them into CUDA_VISIBLE_DEVICES before torch starts: too late here
+        if flags.get(flag) is not None:
+            raise PrecompileError(f"--comfyui-args: --{flag.replace('_', '-')} picks the GPU in ComfyUI's main.py, "
+                                  f"which precompile does not run; set CUDA_VISIBLE_DEVICES for precompile instead")
     import_comfyui_core(comfy_dir, cpu, **flags)
     import utils.extra_config
 
+    # the model folders as main.py adds them: ComfyUI's own file, the server's --extra-model-paths-config files
     extra = comfy_dir / "extra_model_paths.yaml"
-    if extra.is_file():
-        utils.extra_config.load_extra_path_config(str(extra))
-    for path in filter(None, os.environ.get("ACCEL_EXTRA_MODEL_PATHS", "").split(os.pathsep)):
+    configs = [str(extra)] if extra.is_file() else []
+    configs += list(itertools.chain(*(flags.get("extra_model_paths_config") or [])))
+    configs += list(filter(None, os.environ.get("ACCEL_EXTRA_MODEL_PATHS", "").split(os.pathsep)))
+    for path in configs:
         utils.extra_config.load_extra_path_config(path)
 
 

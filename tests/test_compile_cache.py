@@ -224,11 +224,32 @@ def test_precompile_and_export_refuse_what_they_cannot_do_with_an_error(accel_pa
     monkeypatch.setenv("ACCEL_DISABLE_COMPILE", "1")
     assert "nothing to precompile" in refused("precompile", "--model", SMALL, "--cpu")
     monkeypatch.delenv("ACCEL_DISABLE_COMPILE")
+    assert "--cuda-device picks the GPU" in refused("precompile", "--model", SMALL, "--cpu",
+                                                    "--comfyui-args=--cuda-device 1")
     store = importlib.import_module(accel_pack.__name__ + ".accel.cache.store")
     assert store.EnvironmentCache(tmp_path / "cache", "cpu").check_usable()  # something to export
     (tmp_path / "exports").mkdir()
     assert "is a folder" in refused("cache", "export", str(tmp_path / "exports"))
     assert list((tmp_path / "exports").iterdir()) == [] and not list(tmp_path.glob("*.partial"))
+
+
+def test_precompile_finds_models_in_the_servers_extra_model_paths(accel_pack, comfy_dir, tmp_path, monkeypatch):
+    """A server started with --extra-model-paths-config finds models in that file's folders; precompile given the
+    same flag (--comfyui-args) now does too (before, its --model there was 'no such file')."""
+    import copy
+
+    import folder_paths
+
+    monkeypatch.setattr(folder_paths, "folder_names_and_paths", copy.deepcopy(folder_paths.folder_names_and_paths))
+    models = tmp_path / "elsewhere" / "diffusion_models"
+    models.mkdir(parents=True)
+    (models / "accel-extra-only.safetensors").write_bytes(b"")
+    config = tmp_path / "extra.yaml"
+    config.write_text(f"elsewhere:\n  diffusion_models: {models}\n")
+    precompile = importlib.import_module(accel_pack.__name__ + ".accel.precompile")
+    precompile.import_comfyui(Path(comfy_dir), True, f"--extra-model-paths-config {config}")
+    assert folder_paths.get_full_path("diffusion_models", "accel-extra-only.safetensors") == str(
+        models / "accel-extra-only.safetensors")
 
 
 def test_cache_commands_find_the_cache_of_a_comfyui_base_directory(tmp_path):
