@@ -226,6 +226,37 @@ def test_a_node_inside_a_subgraph_shows_its_status(ui):
     page.evaluate("() => window.app.canvas.setGraph(window.app.graph)")
 
 
+def test_a_status_longer_than_four_lines_ends_in_an_ellipsis(ui):
+    """A status of more than four lines under its node (a rolled-back swap's reason, an eager verdict's) is cut at
+    the fourth, which now ends in "…" (before, it stopped mid-sentence with no sign of more). The message is one
+    the server sends, dispatched in the page as its websocket would; what the node draws is read from the
+    canvas's own fillText calls."""
+    _, page = ui
+    nodes = open_workflow(page, "accel_txt2img")
+    node = node_id(nodes, "AccelDeepCache")
+    drawn = page.evaluate("""async (id) => {
+        const text = "passes the model through unchanged: " + "a reason that goes on and on ".repeat(20) + "END";
+        const fillText = CanvasRenderingContext2D.prototype.fillText;
+        const lines = [];
+        CanvasRenderingContext2D.prototype.fillText = function (t, ...rest) {
+            // the status's lines (widgets draw short words of it too: "model", "mode")
+            if (typeof t === "string" && t.length > 12 && text.includes(t.replace(/…$/, ""))) lines.push(t);
+            return fillText.call(this, t, ...rest);
+        };
+        try {
+            window.comfyAPI.api.api.dispatchCustomEvent("accel.status",
+                {node: id, feature: "deepcache", state: "off", text, time: Date.now() / 1000});
+            window.app.canvas.setDirty(true, true);
+            for (let i = 0; i < 50 && !lines.length; i++) await new Promise((r) => setTimeout(r, 100));
+        } finally {
+            CanvasRenderingContext2D.prototype.fillText = fillText;
+        }
+        return lines;
+    }""", node)
+    first_draw = drawn[:4]
+    assert len(first_draw) == 4 and first_draw[-1].endswith("…") and "END" not in "".join(first_draw), drawn
+
+
 def test_swap_weights_shows_the_copy(ui):
     server, page = ui
     # Node ids repeat between workflows: the status of another workflow's node of the same id and another type

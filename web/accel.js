@@ -18,6 +18,7 @@ const NODE_OF_FEATURE = {
   compile_vae: "AccelCompileVAE",
 };
 const statuses = new Map(); // node (execution) id -> the latest status message of that node
+const MAX_LINES = 4; // of a status under its node (GET /accel/status has the whole text)
 
 // A node inside a subgraph runs under an execution id made of the ids of the subgraph nodes around it and its own,
 // joined by ":" ("12:3"): walk down from the root graph to find it.
@@ -35,10 +36,12 @@ function nodeAt(executionId) {
 // The status sent for this node: under its own id at the root, under an id ending in ":<its id>" in a subgraph.
 // Node ids repeat between workflows and subgraphs, so a message counts only if its id leads to this very node and
 // its feature is this node's type.
+// Copies of one subgraph share its nodes: the latest status of any copy is shown (first found was the first sent).
 function statusOf(node) {
   const id = String(node.id);
   const candidates = [statuses.get(id), ...[...statuses.values()].filter((m) => String(m.node).endsWith(`:${id}`))];
-  return candidates.find((m) => m && NODE_OF_FEATURE[m.feature] === node.type && nodeAt(m.node) === node);
+  return candidates.filter((m) => m && NODE_OF_FEATURE[m.feature] === node.type && nodeAt(m.node) === node)
+    .reduce((latest, m) => (!latest || m.time > latest.time ? m : latest), undefined);
 }
 
 function showStatus(message) {
@@ -59,7 +62,11 @@ function wrapText(ctx, text, width) {
     }
   }
   if (line) lines.push(line);
-  return lines.slice(0, 4);
+  if (lines.length <= MAX_LINES) return lines;
+  // the longest texts (a rolled-back swap, an eager verdict's reason) say most at the end: mark the cut
+  let last = lines[MAX_LINES - 1];
+  while (last && ctx.measureText(`${last}…`).width > width) last = last.slice(0, -1);
+  return [...lines.slice(0, MAX_LINES - 1), `${last}…`];
 }
 
 function drawStatus(ctx, node, status) {
