@@ -142,16 +142,14 @@ def precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int]
 
 
 def _precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int], options, cfg: float) -> dict:
+    import comfy.model_management
     import comfy.sample
     import torch
 
     from .cache import COMPILE_CACHE
     from .compile import compile_model
-    from .compile.registry import REGISTRY
-
-    import comfy.model_management
-
     from .compile.policy import device_policy
+    from .compile.registry import REGISTRY
 
     device = comfy.model_management.get_torch_device()
     policy = device_policy(device)

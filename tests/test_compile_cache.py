@@ -204,7 +204,8 @@ def test_precompile_names_a_server_flag_comfyui_does_not_take(tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
-def test_precompile_and_export_refuse_what_they_cannot_do_with_an_error(accel_pack, tmp_path, monkeypatch, capsys):
+def test_precompile_and_export_refuse_what_they_cannot_do_with_an_error(accel_pack, comfy_dir, tmp_path, monkeypatch,
+                                                                         capsys):
     """Each an error that says what to do (exit 2), where before: a LoRA given as --model ended in ComfyUI's
     traceback; with compiling off (ACCEL_DISABLE_COMPILE, or no C++ compiler or Triton) precompile sampled eagerly
     and exited 0 having saved nothing, so an image build warmed nothing unseen; an export to a folder ended in a
@@ -217,7 +218,7 @@ def test_precompile_and_export_refuse_what_they_cannot_do_with_an_error(accel_pa
 
     def refused(*argv: str) -> str:
         capsys.readouterr()
-        assert cli.main(list(argv)) == 2
+        assert cli.main(["--comfyui", str(comfy_dir), *argv]) == 2  # as run from the pack's folder in ComfyUI
         return capsys.readouterr().err
 
     assert "finds no diffusion model" in refused("precompile", "--model", lora, "--cpu")
