@@ -36,7 +36,7 @@ function nodeAt(executionId) {
 // The status sent for this node: under its own id at the root, under an id ending in ":<its id>" in a subgraph.
 // Node ids repeat between workflows and subgraphs, so a message counts only if its id leads to this very node and
 // its feature is this node's type.
-// Copies of one subgraph share its nodes: the latest status of any copy is shown (first found was the first sent).
+// Copies of one subgraph share its nodes: the latest status of any copy is shown, not the first one sent.
 function statusOf(node) {
   const id = String(node.id);
   const candidates = [statuses.get(id), ...[...statuses.values()].filter((m) => String(m.node).endsWith(`:${id}`))];
