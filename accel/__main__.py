@@ -22,6 +22,8 @@ import os
 import sys
 from pathlib import Path
 
+from .comfy_import import is_base_directory  # imports neither torch nor ComfyUI: the help stays instant
+
 PACK_DIR = Path(__file__).resolve().parent.parent
 EXAMPLES = """examples (run from ComfyUI/custom_nodes/comfyui-accel with ComfyUI's Python):
   python -m accel precompile --model v1-5-pruned-emaonly-fp16.safetensors --sizes 512x512,768x1024 --batch 1,2
@@ -40,12 +42,6 @@ def default_comfyui() -> Path:
     candidates = [PACK_DIR.parent.parent, Path(os.environ.get("PWD", ".")).parent.parent]
     return next((c for c in candidates if (c / "main.py").is_file()),
                 next((c for c in candidates if is_base_directory(c)), candidates[0]))
-
-
-def is_base_directory(folder: Path) -> bool:
-    """A ComfyUI started with --base-directory FOLDER (ComfyUI Desktop's user folder, a server's data volume): its
-    custom_nodes/ and models/ are there and ComfyUI's code elsewhere. The nodes' compile cache is in it."""
-    return not (folder / "main.py").is_file() and (folder / "custom_nodes").is_dir()
 
 
 def parser() -> argparse.ArgumentParser:

@@ -12,6 +12,12 @@ import sys
 from pathlib import Path
 
 
+def is_base_directory(folder: Path) -> bool:
+    """A ComfyUI started with --base-directory FOLDER (ComfyUI Desktop's user folder, a server's data volume): its
+    custom_nodes/ and models/ are there, ComfyUI's code elsewhere. The nodes' compile cache is in it."""
+    return not (folder / "main.py").is_file() and (folder / "custom_nodes").is_dir()
+
+
 def import_comfyui_core(comfy_dir: Path, cpu: bool, **flags) -> None:
     """`cpu` and any other `flags` (ComfyUI's own argument names, e.g. use_pytorch_cross_attention=True) are set
     on ComfyUI's parsed args first; they take effect only if ComfyUI's core was not imported yet."""

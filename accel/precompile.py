@@ -60,11 +60,12 @@ def import_comfyui(comfy_dir: Path, cpu: bool, comfyui_args: str = "") -> None:
     """ComfyUI's core in this process, as its main.py would set it up (model folders included), with the server's
     flags `comfyui_args` (as on main.py's command line): graphs saved whole serve a server only where the flags
     that change what its blocks compute are the same (compile/precompiled.py, the context of a saved graph)."""
+    from .comfy_import import import_comfyui_core, is_base_directory, parse_comfyui_flags
+
     if not (comfy_dir / "main.py").is_file():
         base = (f"; {comfy_dir} looks like a ComfyUI --base-directory: pass --comfyui with ComfyUI's own folder and "
-                f"--comfyui-args=\"--base-directory {comfy_dir}\"" if (comfy_dir / "custom_nodes").is_dir() else "")
+                f"--comfyui-args=\"--base-directory {comfy_dir}\"" if is_base_directory(comfy_dir) else "")
         raise PrecompileError(f"no ComfyUI at {comfy_dir} (no main.py); pass --comfyui DIR or set COMFYUI_DIR{base}")
-    from .comfy_import import import_comfyui_core, parse_comfyui_flags
 
     try:
         flags = parse_comfyui_flags(comfy_dir, comfyui_args)

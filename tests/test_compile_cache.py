@@ -154,8 +154,9 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     no child and never runs Dynamo; its compiled prompt (on the CPU once inductor's checks ran in their thread,
     after the first prompt) is served by those precompiled functions. The server runs with flags that change
     what ComfyUI computes (--force-fp32, and --fast's features, no-ops on the CPU but part of a saved graph's
-    context), which precompile is given by --comfyui-args: without them, no saved graph would serve the server
-    (nor with --fast as parsed, before ComfyUI makes it every feature: so it was, a child started)."""
+    context), which precompile is given by --comfyui-args: without them, no saved graph would serve the server.
+    (Before a fix, precompile kept --fast as parsed, an empty list where the server holds every feature, and the
+    server sent the kinds to a child.)"""
     width, height = PRECOMPILED
     env = {**os.environ, "ACCEL_CACHE_DIR": str(shared["dir"]), "COMFYUI_DIR": str(comfyui_dir())}
     proc = subprocess.run([sys.executable, "-m", "accel", "precompile", "--model", SMALL,
