@@ -40,8 +40,9 @@ def compiler_cache(tmp_path_factory):
     process the tests start. Each test whose compile cache starts empty builds the same C++ again (inductor's
     checks of the CPU in each new process, the kernels of the shared models), and so does every run of the suite;
     a build done once is copied, byte for byte what g++ wrote. torch's own caches, which the tests count, are not
-    touched. The builds are kept between runs in the test environment (`persistent_cxx_folder`): a second
-    `make test` on a machine compiles no kernel the first one compiled. ACCEL_TEST_CXX_CACHE=run keeps them for
+    touched. The builds are kept between runs in the user's cache folder (`persistent_cxx_folder`), as ccache keeps
+    its own: a second `make test` on a machine compiles no kernel the first one compiled, from any clone of the
+    project (CI's fresh clone included). ACCEL_TEST_CXX_CACHE=run keeps them for
     this run only (what a fresh machine sees), =0 turns the cache off (so does a machine without g++). Either way
     the run's folder gets `cxx-calls.log`: a line per cached call, hit or miss with its seconds, what it built, and
     its test."""
@@ -62,10 +63,10 @@ def compiler_cache(tmp_path_factory):
     tmp.write_text(text)
     tmp.chmod(0o755)
     tmp.replace(launcher)
-    names = ("ACCEL_TEST_CXX_CACHE", "ACCEL_TEST_CXX_LOG", "ACCEL_TEST_REAL_CXX", "PATH")
+    names = ("ACCEL_TEST_CXX_CACHE", "ACCEL_TEST_CXX_LOG", "ACCEL_TEST_REAL_CXX", "ACCEL_TEST_TORCH_DIR", "PATH")
     before = {name: os.environ.get(name) for name in names}
     os.environ.update(ACCEL_TEST_CXX_CACHE=str(folder), ACCEL_TEST_CXX_LOG=str(run_dir / "cxx-calls.log"),
-                      ACCEL_TEST_REAL_CXX=str(Path(real).resolve()),
+                      ACCEL_TEST_REAL_CXX=str(Path(real).resolve()), ACCEL_TEST_TORCH_DIR=_torch_dir(),
                       PATH=f"{launcher.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     yield folder
     for name, value in before.items():
@@ -93,11 +94,15 @@ CXX_KEEP_DAYS = 14
 
 
 def persistent_cxx_folder(real: str) -> Path | None:
-    """The builds kept between runs, in the test environment (`make clean` removes them with it); None where it
-    cannot be written. One folder per compiler, torch build and CPU: a kernel's source names torch's headers
-    without holding them, so the same source may build differently under another torch or compiler, and inductor
-    builds with -march=native, for this CPU's instructions only (an environment copied to another machine, as a CI
-    cache may be, must not load them there)."""
+    """The builds kept between runs, in the user's cache folder (`$XDG_CACHE_HOME`, else `~/.cache`), as ccache
+    keeps its own, so that every clone of the project on a machine shares them: a fresh clone's `make test`, CI's
+    among them, builds no kernel an earlier run built. Else in the test environment where that folder cannot be
+    written (`make clean` then removes them with it); None where neither can. One folder per compiler, torch build
+    and CPU: a kernel's source names torch's headers without holding them, so the same source may build differently
+    under another torch or compiler, and inductor builds with -march=native, for this CPU's instructions only (a
+    folder copied to another machine must not load them there). torch is named by its release and source commit,
+    not its folder: each clone installs the same wheel into its own environment, and tools/cxx_cache.py leaves that
+    folder out of the command line it looks builds up by."""
     import hashlib
     import platform
 
@@ -105,12 +110,18 @@ def persistent_cxx_folder(real: str) -> Path | None:
 
     compiler = Path(real).resolve()
     info = compiler.stat()
-    identity = (f"{compiler}|{info.st_size}|{info.st_mtime_ns}|{torch.__version__}|{Path(torch.__file__).parent}|"
+    identity = (f"{compiler}|{info.st_size}|{info.st_mtime_ns}|{torch.__version__}|{torch.version.git_version}|"
                 f"{platform.machine()}|{_cpu_description()}")
-    folder = Path(sys.prefix) / "accel-test-cxx-cache" / hashlib.sha256(identity.encode()).hexdigest()[:16]
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
+    name = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    for root in (user_cache / "comfyui-accel-test-cxx", Path(sys.prefix) / "accel-test-cxx-cache"):
+        folder = root / name
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        break
+    else:
         return None
     stale = time.time() - CXX_KEEP_DAYS * 86400
     for path in folder.iterdir():
@@ -135,6 +146,14 @@ def _decide_vec_isa() -> str:
             else None
 
     return vec_isa_once.decide(kept_folder)
+
+
+def _torch_dir() -> str:
+    """torch's folder in this environment, which tools/cxx_cache.py leaves out of a build's key: as inductor names
+    it in a build's command line (an absolute path, links not resolved)."""
+    import torch
+
+    return os.path.dirname(os.path.abspath(torch.__file__))
 
 
 def _cpu_description() -> str:

@@ -5,8 +5,10 @@ Each test whose compile cache starts empty makes inductor build the same C++ aga
 CPU's vector instructions (in every new process), the header it preprocesses for its precompiled header, and the
 kernels of the models every test shares. A call with one source (.cpp, or inductor's .hpp) and an output is looked
 up by the source's bytes and the command line, the two files' own names and folders left out (they differ between
-caches: inductor names them after their content); a hit copies the output kept from the first call, byte for byte
-what g++ wrote; a miss runs g++ and keeps its output. Every other call (--version, a link of objects) is g++ itself.
+caches: inductor names them after their content), and so are torch's folder, $ACCEL_TEST_TORCH_DIR, and the name
+of inductor's precompiled header, which inductor derives from that folder too (each clone of the project installs
+the same torch into an environment of its own; the kept folder's name says which torch); a hit copies the output
+kept from the first call, byte for byte what g++ wrote; a miss runs g++ and keeps its output. Every other call (--version, a link of objects) is g++ itself.
 torch and its caches see a compiler that answered; what they count (cold graphs, cache hits) is unchanged.
 
 $ACCEL_TEST_CXX_CACHE is the cache folder (kept between test runs: tests/conftest.py), $ACCEL_TEST_REAL_CXX the
@@ -30,11 +32,14 @@ def cached_call(real: str, args: list[str]) -> tuple[str, str] | None:
     if len(sources) != 1 or "-o" not in args or args.index("-o") + 1 >= len(args):
         return None
     source, output = sources[0], args[args.index("-o") + 1]
-    folders = [(os.path.dirname(source), "<source folder>"), (os.path.dirname(output), "<output folder>")]
+    folders = [(os.path.dirname(source), "<source folder>"), (os.path.dirname(output), "<output folder>"),
+               (os.environ.get("ACCEL_TEST_TORCH_DIR", ""), "<torch>")]
     line = [real]
-    for arg in args:
+    for before, arg in zip(["", *args], args):
         if arg in (source, output):
             arg = "<source>" if arg == source else "<output>"
+        if before == "-include" and os.path.basename(os.path.dirname(arg)) == "precompiled_headers":
+            arg = "<precompiled header>"  # named after torch's folder too; built from the same headers and flags
         for folder, name in folders:
             if folder:
                 arg = arg.replace(folder, name)
