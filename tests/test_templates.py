@@ -2,7 +2,8 @@
 Playwright) on a started ComfyUI server with the pack in custom_nodes and the templates' real file names present
 as generated stand-ins (tools/template_models.py):
 - every template opens from the frontend's template browser (Extensions > ComfyUI-Accel) with its thumbnail, and
-  without a warning; each loader node carries the links of its real files;
+  without a warning; each loader node carries the links of its real files, each of the pack's nodes a saved value
+  for every widget it has today;
 - each runs to its image or video: the text encoders too large to generate here (T5-XXL, umT5-XXL, Qwen2.5-VL)
   are replaced by conditioning of their width, and sizes, frames and steps are cut to a CPU's test budget; every
   other node runs as shipped;
@@ -106,6 +107,13 @@ def test_every_template_opens_from_the_template_browser_with_its_model_links(ui)
         time.sleep(0.5)
         assert not error_dialogs(page), f"{template.title}: {error_dialogs(page)}"
         nodes = loaded_nodes(page)
+        saved = {str(n["id"]): n.get("widgets_values", []) for n in json.loads(
+            (ROOT / "example_workflows" / f"{template.title}.json").read_text())["nodes"]}
+        for node in nodes:  # the pack's nodes as they are today: a value saved for each of their widgets
+            if node["type"] in ACCEL_NODES:
+                assert len(saved[node["id"]]) == len(node["widgets"]), \
+                    (f"{template.title}: {node['type']} saved with {len(saved[node['id']])} widget values of "
+                     f"{len(node['widgets'])}: run tools/make_templates.py")
         for node in nodes:  # each real file a node names comes with its link, as ComfyUI's templates carry it
             named = [v for v in node["widgets"] if isinstance(v, str) and v in BY_NAME]
             assert [m["name"] for m in node["models"] or []] == named, node
