@@ -44,10 +44,9 @@ def compiler_cache(tmp_path_factory):
     a build done once is copied, byte for byte what g++ wrote. torch's own caches, which the tests count, are not
     touched. The builds are kept between runs in the user's cache folder (`persistent_cxx_folder`), as ccache keeps
     its own: a second `make test` on a machine compiles no kernel the first one compiled, from any clone of the
-    project (CI's fresh clone included). ACCEL_TEST_CXX_CACHE=run keeps them for
-    this run only (what a fresh machine sees), =0 turns the cache off (so does a machine without g++). Either way
-    the run's folder gets `cxx-calls.log`: a line per cached call, hit or miss with its seconds, what it built, and
-    its test."""
+    project (CI's fresh clone included). ACCEL_TEST_CXX_CACHE=run keeps them for this run only (what a fresh
+    machine sees), =0 turns the cache off (so does a machine without g++). Either way the run's folder gets
+    `cxx-calls.log`: a line per cached call, hit or miss with its seconds, what it built, and its test."""
     real = shutil.which("g++")
     choice = os.environ.get("ACCEL_TEST_CXX_CACHE")
     if choice == "0" or real is None:

@@ -8,7 +8,8 @@ up by the source's bytes and the command line, the two files' own names and fold
 caches: inductor names them after their content), and so are torch's folder, $ACCEL_TEST_TORCH_DIR, and the name
 of inductor's precompiled header, which inductor derives from that folder too (each clone of the project installs
 the same torch into an environment of its own; the kept folder's name says which torch); a hit copies the output
-kept from the first call, byte for byte what g++ wrote; a miss runs g++ and keeps its output. Every other call (--version, a link of objects) is g++ itself.
+kept from the first call, byte for byte what g++ wrote; a miss runs g++ and keeps its output. Every other call
+(--version, a link of objects) is g++ itself.
 torch and its caches see a compiler that answered; what they count (cold graphs, cache hits) is unchanged.
 
 $ACCEL_TEST_CXX_CACHE is the cache folder (kept between test runs: tests/conftest.py), $ACCEL_TEST_REAL_CXX the
