@@ -13,14 +13,12 @@ from pathlib import Path
 
 import pytest
 
-# Three test processes share this machine's two cores (pyproject's `-n 3`). Most of the suite is single-threaded
-# (Dynamo, inductor's code generation, the C compiler, imports), and a test process often waits (on a server's
-# prompt, a background child, an idle moment the pack holds its work for), when a third one can use the core
-# (2026-11-29, back to back: 1127 s with two; 1052 s with three, both cores busy all through but the last minute).
-# torch's own threads stay one per process, so the processes never oversubscribe the cores with threads of their
-# own. Every process a test starts (servers, probes, background children) inherits the setting, so outputs
-# compared across processes were computed with the same thread count (a CPU kernel split over 2 threads may round
-# differently than over 1). torch may be imported already (by a plugin), so its count is set too.
+# Two test processes share this machine's cores (pyproject's `-n 2`): most of the suite is single-threaded
+# (Dynamo, inductor's code generation, the C compiler, imports), so two of them fill the cores, and torch's own
+# threads stay one per process so the two never oversubscribe the cores. Every process a test starts (servers,
+# probes, background children) inherits the setting, so outputs compared across processes were computed with
+# the same thread count (a CPU kernel split over 2 threads may round differently than over 1). torch may be
+# imported already (by a plugin), so its count is set too.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -60,7 +58,7 @@ def compiler_cache(tmp_path_factory):
     for made in (folder, launcher.parent):
         made.mkdir(parents=True, exist_ok=True)
     text = f'#!/bin/sh\nexec "{sys.executable}" -S "{ROOT / "tools" / "cxx_cache.py"}" "$@"\n'
-    tmp = launcher.with_name(f"g++.{os.getpid()}")  # every test process writes it: whole, through a rename
+    tmp = launcher.with_name(f"g++.{os.getpid()}")  # both test processes write it: whole, through a rename
     tmp.write_text(text)
     tmp.chmod(0o755)
     tmp.replace(launcher)
@@ -171,8 +169,8 @@ def _cpu_description() -> str:
 def private_compile_cache(tmp_path_factory):
     """Hermetic tests: every test process, and every process a test starts (servers, probes, background
     children inherit the environment), uses a compile cache of this test run, never the ComfyUI's own
-    `accel_cache/` nor a user's ACCEL_CACHE_DIR. The test processes share it, as they shared the ComfyUI's
-    before (a kind one compiled, another loads). The ComfyUI's own cache is left as it was: checked at the end
+    `accel_cache/` nor a user's ACCEL_CACHE_DIR. The two test processes share it, as they shared the ComfyUI's
+    before (a kind one compiled, the other loads). The ComfyUI's own cache is left as it was: checked at the end
     (its files, sizes and times)."""
     from tools.comfy_env import comfyui_dir
 
@@ -203,17 +201,16 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-# CI's test processes each take whole files (pyproject: --dist loadfile, --no-loadscope-reorder), in the order
-# collected, a file to each process at the start and the next one to whichever process is about to run out: the
-# longest files go first (in the order of their seconds with three processes, 2026-11-29), so that no process ends
-# on a long file while the others idle. test_compile_model.py must stay among the first three, each the first file
-# of its process: some of its tests count what their process compiled (the Wan VAE test at its end among them).
+# CI's two test processes each take whole files (pyproject: --dist loadfile, --no-loadscope-reorder), in the order
+# collected: the longest files go first (seconds measured here, 2026-11-23, longest first; test_remote_cache.py
+# placed by the run of 2026-11-24, where both processes then end within seconds of each other in a simulation of
+# the schedule), so neither process ends on a long file while the other idles, and the files that compile the
+# same models cold (SD1.5, Flux) run apart, the later one loading the earlier one's graphs from the run's cache.
 # Files not named follow.
-LONGEST_FIRST = ("test_compile_video_families.py", "test_compile_families.py", "test_compile_model.py",
-                 "test_compile_cache.py", "test_auto_mode_fair.py", "test_templates.py", "test_soak.py",
-                 "test_compile_flux.py", "test_remote_cache.py", "test_faults.py", "test_cache_faults.py",
-                 "test_deepcache_dit.py", "test_web_ui.py", "test_server_families.py", "test_swap_weights.py",
-                 "test_deepcache.py", "test_bench_report.py")
+LONGEST_FIRST = ("test_compile_model.py", "test_compile_families.py", "test_compile_video_families.py",
+                 "test_web_ui.py", "test_templates.py", "test_compile_cache.py", "test_soak.py", "test_cache_faults.py",
+                 "test_swap_weights.py", "test_deepcache.py", "test_compile_flux.py", "test_faults.py",
+                 "test_remote_cache.py", "test_server_families.py", "test_deepcache_dit.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

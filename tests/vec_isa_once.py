@@ -4,7 +4,7 @@ the run's processes.
 Before its first C++ kernel, every process that compiles or loads inductor's CPU code checks which instruction
 sets (AVX2, AVX-512, ...) the C++ compiler builds for: it builds a test library per set and loads it in a new
 Python process that imports torch (torch/_inductor/cpu_vec_isa.py). That is about 10 s of CPU in each of the
-suite's processes (the test processes, every ComfyUI server, probe and background child): about a tenth of
+suite's processes (the two test processes, every ComfyUI server, probe and background child): about a tenth of
 the suite's CPU time on the 2-core test machine, whose cores the suite keeps busy (2026-11-26 and 27).
 
 Here the run's first process runs that check once, in a fresh process, and compares it with what the CPU's flags
