@@ -31,7 +31,7 @@ def first_prompt(base: Path, env: dict, model: str) -> dict:
 
     prompt = Prompt(model, compiled=True, choose="always compiled", background=False, **MODELS[model])
     started = time.perf_counter()
-    with server_of(base, env=env) as server:
+    with server_of(base, env=env, api_nodes=True) as server:
         ready = time.perf_counter()
         queued = time.perf_counter()
         server.wait_for(server.queue_prompt(graph_of(prompt, "first")), timeout=900)

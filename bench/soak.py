@@ -62,16 +62,16 @@ def main() -> None:
         tmp = Path(tmp)
         references = {}
         for i, prompt in enumerate(CONFIGS):
-            with server_of(tmp / f"fresh-{i}", EAGER) as fresh:
+            with server_of(tmp / f"fresh-{i}", EAGER, api_nodes=True) as fresh:
                 references[prompt], _ = timed_latent(fresh, prompt, f"fresh-{i}")
         # The same order in a server where Compile Model is off (ACCEL_DISABLE_COMPILE=1; DeepCache and Swap Weights
         # act as in the mixed run): each prompt's time there, with the same model switches before it.
         eager_seconds = []
-        with server_of(tmp / "eager-mixed", EAGER) as eager:
+        with server_of(tmp / "eager-mixed", EAGER, api_nodes=True) as eager:
             for n, index in enumerate(order):
                 eager_seconds.append(timed_latent(eager, CONFIGS[index], f"eager-{n}")[1])
         rows = []
-        with server_of(tmp / "mixed") as mixed:
+        with server_of(tmp / "mixed", api_nodes=True) as mixed:
             for n, index in enumerate(order):
                 prompt = CONFIGS[index]
                 waited_before = compiles_in_prompts(mixed)

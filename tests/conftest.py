@@ -259,5 +259,5 @@ def engine(accel_pack):
 @pytest.fixture(scope="session")
 def comfy_server(tmp_path_factory):
     """A started ComfyUI server (main.py --cpu) with this pack in its custom_nodes; stopped even on failure."""
-    with ComfyServer(tmp_path_factory.mktemp("comfy-server")) as server:
+    with ComfyServer(tmp_path_factory.mktemp("comfy-server"), api_nodes=False) as server:
         yield server

@@ -174,7 +174,7 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     graph["11"]["inputs"]["vae"] = ["9", 0]
     graph["7"]["inputs"].update(width=width, height=height)
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(shared["dir"]))
-    with ComfyServer(tmp_path / "server", extra_args=("--force-fp32", "--fast")) as server:
+    with ComfyServer(tmp_path / "server", extra_args=("--force-fp32", "--fast"), api_nodes=False) as server:
         server.run_workflow(graph)
         deadline = time.monotonic() + 300
         while (background := server.get_json("/accel/stats")["compile"]["background"])["busy"]:

@@ -34,7 +34,7 @@ def family_server(tmp_path_factory):
     compared with eager of the same server."""
     base = tmp_path_factory.mktemp("family-server")
     env = {"ACCEL_CACHE_DIR": str(base / "compile-cache"), "OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
-    with ComfyServer(base, extra_nodes=(TEST_NODES,), env=env) as srv:
+    with ComfyServer(base, extra_nodes=(TEST_NODES,), env=env, api_nodes=False) as srv:
         yield srv
 
 

@@ -117,9 +117,10 @@ def saved_latent(server, prefix: str) -> torch.Tensor:
     return load_file(str(files[0]))["latent_tensor"].float()
 
 
-def server_of(base: Path, env: dict | None = None) -> ComfyServer:
-    """A server with the test-only conditioning node and a compile cache of its own (unless `env` names one)."""
-    return ComfyServer(base, extra_nodes=(TEST_NODES,),
+def server_of(base: Path, env: dict | None = None, api_nodes: bool = False) -> ComfyServer:
+    """A server with the test-only conditioning node and a compile cache of its own (unless `env` names one);
+    without ComfyUI's API nodes unless `api_nodes` (the benchmarks' servers, which time their starts, have them)."""
+    return ComfyServer(base, extra_nodes=(TEST_NODES,), api_nodes=api_nodes,
                        env={"ACCEL_CACHE_DIR": str(base / "compile-cache"), **(env or {})})
 
 
