@@ -36,7 +36,7 @@ ACCEL_NODES = {"AccelCompileModel": "Compile Model (Accel)", "AccelCompileVAE": 
 FAMILY_OF_ENCODER = {"t5xxl_fp16.safetensors": "flux", "umt5_xxl_fp8_e4m3fn_scaled.safetensors": "wan21",
                      "qwen_2.5_vl_7b_fp8_scaled.safetensors": "qwen_image"}
 # What a 2-core CPU samples in seconds with the stand-ins: the seven templates ran to their outputs in 89 s at
-# 128x128, 133 s at 256x256 (2026-11-29, this file's runs alone); what is checked (a file per save node, the
+# 128x128, 133 s at 256x256 (2026-11-29, those tests alone); what is checked (a file per save node, the
 # video's frames) does not depend on the size.
 TEST_SIZE, TEST_STEPS, TEST_FRAMES = 128, 4, 5
 SIZED = {"EmptyLatentImage", "EmptySD3LatentImage", "EmptyHunyuanLatentVideo"}
