@@ -119,7 +119,8 @@ def saved_latent(server, prefix: str) -> torch.Tensor:
 
 def server_of(base: Path, env: dict | None = None, api_nodes: bool = False) -> ComfyServer:
     """A server with the test-only conditioning node and a compile cache of its own (unless `env` names one);
-    without ComfyUI's API nodes unless `api_nodes` (the benchmarks' servers, which time their starts, have them)."""
+    without ComfyUI's API nodes unless `api_nodes` (the benchmarks' servers have them: their published tables
+    were measured so, and bench/fleet_cache.py times each server's start)."""
     return ComfyServer(base, extra_nodes=(TEST_NODES,), api_nodes=api_nodes,
                        env={"ACCEL_CACHE_DIR": str(base / "compile-cache"), **(env or {})})
 
