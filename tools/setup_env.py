@@ -47,7 +47,8 @@ TEST_TOOLS = ["pytest==9.2.0", "pytest-xdist==3.8.0", "comfy-cli==1.23.0", "webs
 # uv's pip interface installs what pip would (the same versions of every package here, the same constraints)
 # with parallel downloads and unpacking. On the 2-core test machine, empty caches, two rounds (2026-11-29): torch's
 # CUDA build took 24.7 and 27.9 s against pip's 52.5 and 52.5 s, the requirements 19.5 and 23.1 s against 42.1 and
-# 53.9 s. Pip stays the fallback, and ACCEL_SETUP_PIP=1 makes pip do it all.
+# 53.9 s. uv is in the venv anyway (comfy-cli, a test tool, depends on it): installed first here. Pip stays the
+# fallback, and ACCEL_SETUP_PIP=1 makes pip do it all.
 UV = "uv==0.13.9"
 
 
