@@ -42,7 +42,7 @@ def main() -> None:
 
     import torch
     from tools.harness.machine import cpu_model
-    from tools.soak_prompts import CONFIGS, EAGER, cold_compiles, rss_mb, server_of, wait_for_background
+    from tools.soak_prompts import CONFIGS, EAGER, cold_compiles, rss_mb, server_of
     from tools.comfy_env import comfyui_version
 
     order, rng = [], random.Random(args.seed)
@@ -78,7 +78,7 @@ def main() -> None:
                 out, seconds = timed_latent(mixed, prompt, f"mixed-{n}")
                 in_prompt = compiles_in_prompts(mixed) - waited_before
                 if n < warm_up:  # as a worker warms up: each compile done before the next prompt comes
-                    wait_for_background(mixed)
+                    mixed.wait_for_background()
                 if n == warm_up - 1:
                     cold_before = sum(cold_compiles(mixed).values())
                 reference = references[prompt]

@@ -176,10 +176,7 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(shared["dir"]))
     with ComfyServer(tmp_path / "server", extra_args=("--force-fp32", "--fast"), api_nodes=False) as server:
         server.run_workflow(graph)
-        deadline = time.monotonic() + 300
-        while (background := server.get_json("/accel/stats")["compile"]["background"])["busy"]:
-            assert time.monotonic() < deadline, f"the CPU checks or the loading did not finish: {background}"
-            time.sleep(1)
+        server.wait_for_background(timeout=300)  # the CPU checks and the loading of the child's graphs
         graph["8"]["inputs"]["seed"] += 1  # another prompt (the same one would run nothing)
         server.run_workflow(graph)
         stats = server.get_json("/accel/stats")["compile"]

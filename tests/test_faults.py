@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager, assert_every_artifact_whole
-from tools.soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of, wait_for_background
+from tools.soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of
 
 pytestmark = pytest.mark.server
 PLAIN = Prompt("plain", steps=4)
@@ -94,7 +94,7 @@ def test_kill_9_during_a_background_compile_leaves_nothing_running_and_a_restart
             worker.wait_for(queued[name], timeout=900)
             assert_close_to_eager(saved_latent(worker, name), eager, f"the {name} server's first prompt")
         for name, worker in workers.items():
-            wait_for_background(worker)
+            worker.wait_for_background()
             jobs = worker.get_json("/accel/stats")["compile"]["background"]["finished"]
             assert jobs and all(job["returncode"] == 0 and not job["failed"] for job in jobs), (name, jobs)
         for name, worker in workers.items():  # each loads its graphs from the cache the two children left

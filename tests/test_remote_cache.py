@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager
-from tools.soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of, wait_for_background
+from tools.soak_prompts import Prompt, cold_compiles, graph_of, run_latent, saved_latent, server_of
 from tools.redis_server import RedisServer
 
 SECRET = "fleet-secret-0123456789abcdef"
@@ -122,12 +122,12 @@ def test_a_new_worker_loads_the_fleets_precompiled_graphs_and_traces_nothing(tmp
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda server: server.start(), (first, second)))
         run_latent(first, DEFAULTS, "first-defaults")  # eager, while its child compiles
-        assert [job["failed"] for job in wait_for_background(first)["finished"]] == [[]]
+        assert [job["failed"] for job in first.wait_for_background()["finished"]] == [[]]
         # the same kind, compiled in every call (auto mode would time some calls eagerly): its precompiled graph
         published = run_latent(first, replace(COMPILED, seed=8), "first-compiled")
 
         run_latent(second, DEFAULTS, "second-defaults")  # eager until inductor's CPU checks ran
-        background = wait_for_background(second)
+        background = second.wait_for_background()
         out = run_latent(second, replace(COMPILED, seed=8), "second-compiled")
         stats = second.get_json("/accel/stats")["compile"]
     assert background["finished"] == [], "the second worker started a child"

@@ -22,7 +22,7 @@ import torch
 from compile_helpers import assert_close_to_eager
 from tools.comfy_server import ComfyServer
 from tools.families import BY_FAMILY
-from tools.soak_prompts import TEST_NODES, latent_of, wait_for_background
+from tools.soak_prompts import TEST_NODES, latent_of
 
 pytestmark = pytest.mark.server
 
@@ -91,7 +91,7 @@ def test_compile_model_defaults_over_http_equal_eager(family_server, family):
              for seed in (1, 2)}
     with pools_of_pack_threads(family_server) as pools:
         first = run_latent(family_server, workflow(family, 1, f"{family}-first", True))
-        background = wait_for_background(family_server)
+        background = family_server.wait_for_background()
         second = run_latent(family_server, workflow(family, 2, f"{family}-second", True))
     threads = family_server.get_json("/accel/stats")["threads"]
     assert not pools and threads["pack_thread_pools"] == {}, (pools, threads["per_thread"])

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from compile_helpers import assert_close_to_eager
-from tools.soak_prompts import CONFIGS, EAGER, PASSES, cold_compiles, rss_mb, run_latent, server_of, wait_for_background
+from tools.soak_prompts import CONFIGS, EAGER, PASSES, cold_compiles, rss_mb, run_latent, server_of
 
 pytestmark = pytest.mark.server
 # RSS that follows what the server holds. By default glibc raises its mmap threshold to the size of each large
@@ -54,7 +54,7 @@ def test_a_long_mixed_run_equals_each_prompt_alone_in_a_fresh_server(tmp_path, p
                 references = fresh_references(tmp_path)
             # the pass's background work done and its graphs loaded before memory is read: a child that ends
             # during the next pass would otherwise load there and count as growth (failed once so, 1382 -> 1492 MB)
-            jobs_after_pass.append(len(wait_for_background(mixed)["finished"]))
+            jobs_after_pass.append(len(mixed.wait_for_background()["finished"]))
             rss_after_pass.append(rss_mb(mixed))
             if p == 0:  # every configuration seen: its compiles done
                 before = cold_compiles(mixed)

@@ -94,15 +94,9 @@ def wait_status(page, node: str, states: tuple[str, ...], timeout: float = 120) 
         status = status_of(page, node)
         if status and status["state"] in states:
             return status
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise AssertionError(f"node {node} never showed {states}: last {status_of(page, node)}")
 
-
-def wait_for_the_packs_work(server, timeout: float = 400) -> None:
-    """Until the pack's background work (children, CPU checks, graphs to load) is done."""
-    deadline = time.monotonic() + timeout
-    while server.get_json("/accel/stats")["compile"]["background"]["busy"] and time.monotonic() < deadline:
-        time.sleep(0.5)
 
 
 def test_nodes_show_status_from_the_server_and_after_a_reload(ui):
@@ -130,7 +124,7 @@ def test_nodes_show_status_from_the_server_and_after_a_reload(ui):
         if status["state"] in ("compiling", "loading"):  # the server's next message moves it, no prompt needed
             status = wait_status(page, compile_node, ("checking",) + SETTLED, timeout=400)
         if status["state"] not in SETTLED:
-            wait_for_the_packs_work(server)
+            server.wait_for_background(timeout=400)
             queue_and_wait(page, server)
     status = wait_status(page, compile_node, SETTLED, timeout=60)
     if status["state"] == "compiled":
@@ -214,7 +208,7 @@ def test_a_node_inside_a_subgraph_shows_its_status(ui):
     deadline = time.monotonic() + 30
     while not any(m["node"] == f"{outer}:{inner}" for m in page.evaluate("() => window.accelSeen")):
         assert time.monotonic() < deadline, "no status message for the node in the subgraph"
-        time.sleep(0.5)
+        time.sleep(0.1)
     page.evaluate("""(id) => {
         const outer = window.app.graph.getNodeById(Number(id));
         window.app.canvas.openSubgraph(outer.subgraph, outer);
@@ -287,9 +281,7 @@ def test_swap_weights_shows_the_copy(ui):
 
 def test_panel_lists_the_compiled_kinds_and_clears_the_disk_cache(ui):
     server, page = ui
-    deadline = time.monotonic() + 300  # the swap's run may have left background work: clear waits for none
-    while server.get_json("/accel/stats")["compile"]["background"]["busy"] and time.monotonic() < deadline:
-        time.sleep(1)
+    server.wait_for_background(timeout=300)  # the swap's run may have left background work: clear waits for none
     compiled_kinds_on_disk(server, page)
     root = Path(server.get_json("/accel/cache")["root"])
     assert root.is_dir() and server.get_json("/accel/cache")["environments"], "the compiles left no cache"

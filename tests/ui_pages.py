@@ -33,7 +33,7 @@ def queue_and_wait(page, server, timeout: float = 300) -> None:
             entry = list(history.values())[-1]
             assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[-3000:]
             return
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise AssertionError(f"the queued prompt did not finish in {timeout:.0f} s:\n{server.log_tail()}")
 
 

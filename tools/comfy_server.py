@@ -20,6 +20,10 @@ from pathlib import Path
 from tools.comfy_env import PACK_LINK_NAME, ROOT, comfyui_dir
 
 MODEL_FOLDERS = ("diffusion_models", "checkpoints", "loras", "clip", "text_encoders", "vae", "vae_approx")
+# How often a wait asks the server (its start, a prompt's end, the pack's background work). A wait's answer comes
+# up to this late, and the test process's core idles meanwhile: at 0.25-1 s those waits cost the suite about
+# 20 s of a test process's time; a loopback request costs the server well under a millisecond.
+POLL_S = 0.05
 
 
 class ComfyServerError(RuntimeError):
@@ -94,7 +98,7 @@ class ComfyServer:
                 self.get_json("/system_stats", timeout=2)
                 return self
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                time.sleep(0.5)
+                time.sleep(POLL_S)
         self.stop()
         raise ComfyServerError(f"ComfyUI did not answer within {timeout:.0f} s:\n{self.log_tail()}")
 
@@ -155,11 +159,21 @@ class ComfyServer:
                 raise ComfyServerError(f"prompt {prompt_id} failed: {json.dumps(status.get('messages'))[-4000:]}")
             if self.proc is not None and self.proc.poll() is not None:
                 raise ComfyServerError(f"ComfyUI died while running the prompt:\n{self.log_tail()}")
-            time.sleep(0.25)
+            time.sleep(POLL_S)
         raise ComfyServerError(f"prompt {prompt_id} did not finish in {timeout:.0f} s:\n{self.log_tail()}")
 
     def run_workflow(self, graph: dict, timeout: float = 600.0) -> dict:
         return self.wait_for(self.queue_prompt(graph), timeout=timeout)
+
+    def wait_for_background(self, timeout: float = 900) -> dict:
+        """The pack's background-compile stats once nothing runs, is queued or is held for an idle moment (its
+        children, inductor's CPU checks, graphs still to load); AssertionError with the last stats on timeout."""
+        deadline = time.monotonic() + timeout
+        while (background := self.get_json("/accel/stats")["compile"]["background"])["busy"]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the pack's background work did not end in {timeout:.0f} s: {background}")
+            time.sleep(4 * POLL_S)  # the stats are more work than a history lookup
+        return background
 
     def output_images(self, entry: dict) -> list[Path]:
         paths = []

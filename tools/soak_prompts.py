@@ -3,7 +3,6 @@ long-run tests read off that server: tests/test_soak.py, tests/test_faults.py an
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,17 +127,6 @@ def server_of(base: Path, env: dict | None = None, api_nodes: bool = False) -> C
 def rss_mb(server) -> float:
     status = Path(f"/proc/{server.proc.pid}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
-
-
-def wait_for_background(server, timeout: float = 900) -> dict:
-    """The server's background-compile stats once nothing is running, queued, or held for an idle moment."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        background = server.get_json("/accel/stats")["compile"]["background"]
-        if not background["busy"]:
-            return background
-        time.sleep(1)
-    raise AssertionError(f"the background compile did not finish: {background}")
 
 
 def cold_compiles(server) -> dict[str, int]:
