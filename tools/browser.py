@@ -57,9 +57,14 @@ def comfy_page(server, viewport=(1400, 900)):
 def load_api_workflow(page, graph: dict, name: str) -> None:
     """Open an API-format workflow in the page as the frontend does for one dropped in (app.loadApiJson)."""
     page.evaluate("async ([g, n]) => { await window.app.loadApiJson(g, n); }", [graph, name])
-    # The frontend lays the nodes out after it has drawn them once: wait until they no longer share one spot.
-    page.wait_for_function("() => new Set(window.app.graph._nodes.map(n => n.pos.join())).size > 1",
-                           timeout=30_000)
+    # The graph shown is this workflow's (a newer frontend may still show the one open before, as after a reload),
+    # and the frontend lays the nodes out after it has drawn them once: wait until they no longer share one spot.
+    types = sorted(node["class_type"] for node in graph.values())
+    page.wait_for_function("""(types) => {
+        const nodes = window.app.graph._nodes;
+        return JSON.stringify(nodes.map(n => n.type).sort()) === JSON.stringify(types)
+            && new Set(nodes.map(n => n.pos.join())).size > 1;
+    }""", arg=types, timeout=30_000)
 
 
 FIT_VIEW = """() => {
