@@ -1,7 +1,8 @@
 """The web UI in a real browser: Debian's Chromium, driven by Playwright, on a started ComfyUI server with its own
 frontend and this pack in custom_nodes. The Accel nodes show the status the server sends over the websocket, also
-after a reload and inside a subgraph; a node that waits for a compile in its prompt's path shows ComfyUI's own
-progress; the panel lists and clears. (The templates, their model links and the node docs: test_templates.py.)
+after a reload, inside a subgraph and under the frontend's Nodes 2.0 renderer; a node that waits for a compile in
+its prompt's path shows ComfyUI's own progress; the panel lists and clears. (The templates, their model links and
+the node docs: test_templates.py.)
 The workflows here are the project's own on its generated models (tools/workflows/), opened as a dropped API file.
 
 ACCEL_SCREENSHOT_DIR=docs/ui keeps a screenshot of each state (the README shows them). CI runs these against
@@ -20,7 +21,7 @@ import pytest
 from tools.browser import comfy_page, fit_view, load_api_workflow
 from tools.comfy_env import ROOT
 from tools.comfy_server import ComfyServer, load_workflow
-from ui_pages import queue_and_wait, screenshot
+from ui_pages import page_prompt, queue_and_wait, screenshot
 
 pytestmark = pytest.mark.server
 SETTLED = ("compiled", "eager")
@@ -362,3 +363,48 @@ def test_every_pack_route_answers_malformed_requests_without_a_server_error(ui, 
                         if route == "/accel/cache/clear":
                             assert answer.json()["root"] == root, answer.json()
     assert (decoy / "keep").read_text() == "not the cache", "a route acted on a path it was given"
+
+
+def test_nodes_2_0_shows_each_status_in_a_widget_never_saved_nor_sent(ui):
+    """Under the frontend's Vue renderer ("Nodes 2.0", setting Comfy.VueNodes.Enabled), which draws no node's
+    foreground, an Accel node's status is a widget at the bottom of the node, drawn by the frontend's fallback for
+    a widget type it does not know. The widget is not saved with the workflow (its other widgets' values are, as
+    many as before) nor sent in the prompt (a value there would change the node's inputs, and ComfyUI would run
+    it again). Back on the classic canvas, the status is drawn under the node again."""
+    server, page = ui
+
+    def renderer(vue: bool) -> None:
+        server.post_json("/settings/Comfy.VueNodes.Enabled", vue)
+        page.reload()
+        page.wait_for_function("(vue) => window.app && window.app.graph && window.app.canvas && "
+                               "(window.LiteGraph ?? window.comfyAPI.litegraph.LiteGraph).vueNodesMode === vue",
+                               arg=vue, timeout=90_000)
+        listen(page)
+
+    renderer(True)
+    try:
+        nodes = open_workflow(page, "accel_txt2img")
+        deepcache_node = node_id(nodes, "AccelDeepCache")
+        for node_type in ("AccelCompileModel", "AccelCompileVAE"):  # nothing to compile: the widget is checked
+            bypass(page, node_id(nodes, node_type))
+        queue_and_wait(page, server)
+        # node.accelStatus is set by the widget's draw: the widget is on screen and drew this status
+        status = wait_status(page, deepcache_node, ("completed",), timeout=60)
+        assert "reused deep features" in status["text"], status
+        node = page.evaluate("""(id) => {
+            const node = window.app.graph.getNodeById(Number(id));
+            const canvas = document.querySelector(`[data-node-id="${id}"] canvas`);
+            const pixels = canvas?.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data ?? [];
+            return {widgets: node.widgets.map((w) => w.name), saved: node.serialize().widgets_values.length,
+                    painted: pixels.filter((value, i) => i % 4 === 3 && value > 0).length};
+        }""", deepcache_node)
+        assert node["widgets"][-1] == "accel_status" and node["saved"] == len(node["widgets"]) - 1, node
+        assert node["painted"] > 500, f"the status widget's canvas is blank: {node}"
+        assert "accel_status" not in page_prompt(page)[deepcache_node]["inputs"]
+        screenshot(page, "status_nodes_2")
+    finally:
+        renderer(False)
+    open_workflow(page, "accel_txt2img")
+    page.wait_for_function("(id) => window.app.graph.getNodeById(Number(id))?.accelStatus", arg=deepcache_node,
+                           timeout=30_000)  # drawn under the node by the classic canvas
+    assert status_of(page, deepcache_node)["text"] == status["text"]

@@ -3,6 +3,14 @@
 // The server sends `accel.status` messages over ComfyUI's websocket (nodes/status.py); a page opened or reloaded
 // later asks GET /accel/status for the latest ones. ComfyUI may serve this folder twice (from WEB_DIRECTORY and
 // from pyproject's [tool.comfy].web under another name), so registration is guarded.
+//
+// Two renderers: the classic canvas draws each node's foreground, where the status goes, under the node. "Nodes
+// 2.0" (the frontend's Vue renderer, setting Comfy.VueNodes.Enabled) draws no foreground, so there the status is
+// the last widget of each Accel node, given to the node when it is created (the Vue renderer shows the widgets a
+// node has when the renderer takes it, so switching renderers works both ways): the frontend draws a widget type
+// it does not know through its own fallback (a canvas of the widget's own) with the same drawing. That widget is
+// never saved with the workflow nor sent in a prompt: a value in the prompt would change the node's inputs, and
+// ComfyUI would run the node again. On the classic canvas it takes no room and draws nothing.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
@@ -19,6 +27,11 @@ const NODE_OF_FEATURE = {
 };
 const statuses = new Map(); // node (execution) id -> the latest status message of that node
 const MAX_LINES = 4; // of a status under its node (GET /accel/status has the whole text)
+const PAD = 6, LINE_HEIGHT = 14, FONT = "12px sans-serif";
+const STATUS_WIDGET = "accel_status"; // the status's widget under Nodes 2.0 (its name and type)
+
+// LiteGraph is a global of the page (older frontends) or under comfyAPI (newer)
+const vueNodes = () => Boolean((globalThis.LiteGraph ?? globalThis.comfyAPI?.litegraph?.LiteGraph)?.vueNodesMode);
 
 // A node inside a subgraph runs under an execution id made of the ids of the subgraph nodes around it and its own,
 // joined by ":" ("12:3"): walk down from the root graph to find it.
@@ -46,7 +59,52 @@ function statusOf(node) {
 
 function showStatus(message) {
   statuses.set(String(message.node), message);
-  app.canvas?.setDirty(true, true); // drawn (and node.accelStatus set) by onDrawForeground
+  app.canvas?.setDirty(true, true); // drawn (and node.accelStatus set) by onDrawForeground, or:
+  if (vueNodes()) showStatusWidgets();
+}
+
+// Nodes 2.0: the status widget of each node with a status draws again (`triggerDraw` is set by the frontend's
+// fallback while the widget is on screen; one mounted later draws then). Newer frontends size the widget by the
+// height the canvas's layout last gave it, so it draws once more after the canvas's next frame has laid it out
+// for the new text.
+function showStatusWidgets() {
+  for (const message of statuses.values()) {
+    const node = nodeAt(message.node);
+    if (!node || NODE_OF_FEATURE[message.feature] !== node.type) continue;
+    const widget = statusWidget(node);
+    widget?.triggerDraw?.();
+    requestAnimationFrame(() => requestAnimationFrame(() => widget?.triggerDraw?.()));
+  }
+}
+
+function statusWidget(node) {
+  return node.widgets?.find((w) => w.name === STATUS_WIDGET);
+}
+
+function addStatusWidget(node) {
+  node.addCustomWidget({
+    name: STATUS_WIDGET, type: STATUS_WIDGET, value: "", serialize: false, options: { serialize: false },
+    // the canvas's layout asks without a width: the node's
+    computeSize: (width = node.size[0]) => (vueNodes() ? [width, statusHeight(statusOf(node), width)] : [0, -4]),
+    draw(ctx, drawn, width, y) {
+      if (!vueNodes()) return; // [0, -4] above: no room, nothing drawn on the classic canvas
+      const status = statusOf(drawn);
+      drawn.accelStatus = status;
+      if (status) drawStatus(ctx, status, y, width);
+    },
+  });
+}
+
+let measuring; // a canvas context that only measures text, for a widget's height before it is drawn
+function statusHeight(status, width) {
+  if (!status) return 0;
+  measuring ??= document.createElement("canvas").getContext("2d");
+  measuring.font = FONT;
+  return statusLines(measuring, status, width).length * LINE_HEIGHT + 2 * PAD;
+}
+
+function statusLines(ctx, status, width) {
+  return wrapText(ctx, status.text, width - 2 * PAD - 12);
 }
 
 function wrapText(ctx, text, width) {
@@ -69,23 +127,23 @@ function wrapText(ctx, text, width) {
   return [...lines.slice(0, MAX_LINES - 1), `${last}…`];
 }
 
-function drawStatus(ctx, node, status) {
-  const pad = 6, lineHeight = 14, width = node.size[0];
+// The status as a box `width` wide from `top` down: under the node on the classic canvas, in its widget else.
+function drawStatus(ctx, status, top, width) {
   ctx.save();
-  ctx.font = "12px sans-serif";
-  const lines = wrapText(ctx, status.text, width - 2 * pad - 12);
-  const top = node.size[1] + 6, height = lines.length * lineHeight + 2 * pad;
+  ctx.font = FONT;
+  const lines = statusLines(ctx, status, width);
+  const height = lines.length * LINE_HEIGHT + 2 * PAD;
   ctx.fillStyle = "rgba(20, 20, 20, 0.85)";
   ctx.beginPath();
   ctx.roundRect ? ctx.roundRect(0, top, width, height, 6) : ctx.rect(0, top, width, height);
   ctx.fill();
   ctx.fillStyle = STATE_COLORS[status.state] ?? "#9aa0a6";
   ctx.beginPath();
-  ctx.arc(pad + 4, top + pad + lineHeight / 2, 4, 0, 2 * Math.PI);
+  ctx.arc(PAD + 4, top + PAD + LINE_HEIGHT / 2, 4, 0, 2 * Math.PI);
   ctx.fill();
   ctx.fillStyle = "#e8eaed";
   ctx.textBaseline = "middle";
-  lines.forEach((text, i) => ctx.fillText(text, pad + 14, top + pad + lineHeight * (i + 0.5)));
+  lines.forEach((text, i) => ctx.fillText(text, PAD + 14, top + PAD + LINE_HEIGHT * (i + 0.5)));
   ctx.restore();
 }
 
@@ -108,6 +166,7 @@ if (!app.extensions?.some((ext) => ext.name === EXTENSION)) {
         const result = onNodeCreated?.apply(this, arguments);
         this.color = "#2a4d3e";
         this.bgcolor = "#1f3a2f";
+        addStatusWidget(this); // after the node's own widgets: their saved values keep their places
         return result;
       };
       const onDrawForeground = nodeType.prototype.onDrawForeground;
@@ -115,7 +174,7 @@ if (!app.extensions?.some((ext) => ext.name === EXTENSION)) {
         const result = onDrawForeground?.apply(this, arguments);
         const status = statusOf(this);
         this.accelStatus = status;
-        if (status && !this.flags?.collapsed) drawStatus(ctx, this, status);
+        if (status && !this.flags?.collapsed) drawStatus(ctx, status, this.size[1] + 6, this.size[0]);
         return result;
       };
     },
