@@ -401,4 +401,3 @@ def test_a_new_reference_latent_size_compiles_nothing_in_the_call(engine, monkey
     # The child compiling the new size is this test's: it ends here, not beside the next test's timed calls (a
     # sample taken while the pack's own work runs is dropped, so a test that times calls would decide nothing).
     assert engine.background.BACKGROUND.wait(timeout=300), "the background compile did not finish"
-

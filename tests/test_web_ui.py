@@ -99,7 +99,6 @@ def wait_status(page, node: str, states: tuple[str, ...], timeout: float = 120) 
     raise AssertionError(f"node {node} never showed {states}: last {status_of(page, node)}")
 
 
-
 def test_nodes_show_status_from_the_server_and_after_a_reload(ui):
     server, page = ui
     nodes = open_workflow(page, "accel_txt2img")

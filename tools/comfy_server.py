@@ -21,8 +21,9 @@ from tools.comfy_env import PACK_LINK_NAME, ROOT, comfyui_dir
 
 MODEL_FOLDERS = ("diffusion_models", "checkpoints", "loras", "clip", "text_encoders", "vae", "vae_approx")
 # How often a wait asks the server (its start, a prompt's end, the pack's background work). A wait's answer comes
-# up to this late, and the test process's core idles meanwhile: at 0.25-1 s those waits cost the suite about
-# 20 s of a test process's time; a loopback request costs the server well under a millisecond.
+# up to this late while the test process's core idles, and a suite run has about 19 server starts, 70 prompts
+# and dozens of background waits. A history lookup costs the server no CPU that /proc shows (50 lookups,
+# 2026-11-29); /accel/stats about 5 ms each, hence its longer poll below.
 POLL_S = 0.05
 
 
@@ -172,7 +173,7 @@ class ComfyServer:
         while (background := self.get_json("/accel/stats")["compile"]["background"])["busy"]:
             if time.monotonic() > deadline:
                 raise AssertionError(f"the pack's background work did not end in {timeout:.0f} s: {background}")
-            time.sleep(4 * POLL_S)  # the stats are more work than a history lookup
+            time.sleep(4 * POLL_S)
         return background
 
     def output_images(self, entry: dict) -> list[Path]:
