@@ -394,11 +394,15 @@ def test_nodes_2_0_shows_each_status_in_a_widget_never_saved_nor_sent(ui):
             const node = window.app.graph.getNodeById(Number(id));
             const canvas = document.querySelector(`[data-node-id="${id}"] canvas`);
             const pixels = canvas?.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data ?? [];
+            // the frontend's fallback draws at twice the size, 2 px taller than the height it gave the widget
+            const drawnHeight = canvas ? canvas.height / 2 - 2 : 0;
             return {widgets: node.widgets.map((w) => w.name), saved: node.serialize().widgets_values.length,
-                    painted: pixels.filter((value, i) => i % 4 === 3 && value > 0).length};
+                    painted: pixels.filter((value, i) => i % 4 === 3 && value > 0).length, drawnHeight,
+                    needed: canvas ? node.widgets.at(-1).computeSize(canvas.width / 2)[1] : null};
         }""", deepcache_node)
         assert node["widgets"][-1] == "accel_status" and node["saved"] == len(node["widgets"]) - 1, node
         assert node["painted"] > 500, f"the status widget's canvas is blank: {node}"
+        assert node["drawnHeight"] >= node["needed"] > 0, f"the status is cut: {node}"  # every line of it
         assert "accel_status" not in page_prompt(page)[deepcache_node]["inputs"]
         screenshot(page, "status_nodes_2")
     finally:
