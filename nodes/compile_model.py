@@ -3,7 +3,7 @@ from __future__ import annotations
 from ..accel import telemetry
 from ..accel.compile import CompileOptions, compile_model, compile_vae
 from ..accel.compile.options import CHOOSE, DYNAMIC, MODES, SCOPES
-from .common import CATEGORY, log
+from .common import CATEGORY, OWNER_INPUTS, log, status_owner
 
 
 class CompileModel:
@@ -41,13 +41,13 @@ class CompileModel:
             "background": ("BOOLEAN", {"default": True, "tooltip": "choose=auto: a cold compile runs in a child "
                                        "process while the blocks run eagerly; the next steps or prompts pick the "
                                        "compiled blocks up. Off: compile at the first step that needs it."}),
-        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+        }, "hidden": OWNER_INPUTS}
 
-    def apply(self, model, mode, dynamic, scope, choose="auto", background=True, unique_id=None):
+    def apply(self, model, mode, dynamic, scope, choose="auto", background=True, unique_id=None, extra_pnginfo=None):
         options = CompileOptions(mode=mode, dynamic=dynamic, scope=scope, choose=choose, background=background)
         log.info("[Accel] Compile Model: %s; compiles lazily at the first sampling step%s", options,
                  " (in the background)" if options.compiles_in_background else "")
-        compiled = compile_model(model, options, owner=unique_id)
+        compiled = compile_model(model, options, owner=status_owner(unique_id, extra_pnginfo))
         # recorded once the owner is known, so the node's status shows at once
         telemetry.record("compile_model", "applied", options={"mode": mode, "dynamic": dynamic, "scope": scope,
                                                                 "choose": choose, "background": background})
@@ -72,9 +72,9 @@ class CompileVAE:
                                    "tooltip": "As on Compile Model: default suits most uses; a mode the device "
                                               "lacks compiles as default. low-memory compiles in ComfyUI's own "
                                               "process (the first decode waits for it), no background process."}),
-        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+        }, "hidden": OWNER_INPUTS}
 
-    def apply(self, vae, mode, unique_id=None):
-        compiled = compile_vae(vae, CompileOptions(mode=mode), owner=unique_id)
+    def apply(self, vae, mode, unique_id=None, extra_pnginfo=None):
+        compiled = compile_vae(vae, CompileOptions(mode=mode), owner=status_owner(unique_id, extra_pnginfo))
         telemetry.record("compile_vae", "applied", options={"mode": mode})  # after: the node's status names it
         return (compiled,)

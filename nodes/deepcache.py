@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..accel import deepcache, telemetry
-from .common import CATEGORY, log
+from .common import CATEGORY, OWNER_INPUTS, log, status_owner
 
 
 class DeepCache:
@@ -59,17 +59,18 @@ class DeepCache:
                            "(plus cache_depth more at each end). first only: the first (plus cache_depth more); "
                            "everything after it is reused, so a reused step costs about one block: faster, "
                            "further from full compute (pair it with forecast fitted or linear). UNets: no effect."}),
-        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+        }, "hidden": OWNER_INPUTS}
 
     def apply(self, model, cache_interval, cache_depth, start_percent, end_percent, schedule,
-              threshold=deepcache.DEFAULT_THRESHOLD, forecast="off", live_blocks="first and last", unique_id=None):
+              threshold=deepcache.DEFAULT_THRESHOLD, forecast="off", live_blocks="first and last", unique_id=None,
+              extra_pnginfo=None):
         options = dict(cache_interval=cache_interval, cache_depth=cache_depth, start_percent=start_percent,
                        end_percent=end_percent, schedule=schedule, threshold=threshold, forecast=forecast,
                        live_blocks=live_blocks)
         config = deepcache.DeepCacheConfig(interval=cache_interval, depth=cache_depth, start_percent=start_percent,
                                            end_percent=end_percent, schedule=schedule, threshold=threshold,
                                            forecast=forecast, live_blocks=live_blocks,
-                                           owner=None if unique_id is None else str(unique_id))
+                                           owner=status_owner(unique_id, extra_pnginfo))
         patched, depth, message = deepcache.apply(model, config)
         if patched is None:
             telemetry.record(deepcache.FEATURE, "unsupported", options=options, reason=message, node=config.owner)

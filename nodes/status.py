@@ -1,11 +1,15 @@
 """Live status on the Accel nodes in the web UI: what the engine reports (telemetry events naming the node that
 applied a feature, and Compile Model's per-model state) becomes an `accel.status` message on ComfyUI's websocket
-(PromptServer.send_sync, to every open page) and is kept per node for GET /accel/status, which a page reloaded
-later asks for. web/accel.js draws it on the node.
+(PromptServer.send_sync, to every open page) and is kept per node and workflow for GET /accel/status, which a page
+reloaded later asks for. web/accel.js draws it on the node.
 
-One message: {"node": id, "feature": compile_model | deepcache | swap_weights | compile_vae, "state": ...,
-"text": one line, "time": ...}. While a kind compiles in a prompt's path, the node that waits for it also gets
-ComfyUI's own "progress" message (kinds compiled so far, of all).
+One message: {"node": id, "workflow": the id of the workflow that ran it or None, "feature": compile_model |
+deepcache | swap_weights | compile_vae, "state": ..., "text": one line, "time": ...}. The engine names who applied a
+feature as nodes/common.status_owner made the name: "<workflow id>/<node id>", or the node id alone for a prompt
+that names no workflow (an API prompt), whose status the page shows on any workflow.
+
+While a kind compiles in a prompt's path, the node that waits for it also gets ComfyUI's own "progress" message
+(kinds compiled so far, of all).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from ..accel.compile import status as compile_status
 EVENT = "accel.status"
 MAX_NODES = 500  # statuses kept for GET /accel/status: a long-running server must not grow without bound
 _lock = threading.Lock()
-_latest: dict[str, dict] = {}  # node id -> its latest status message, oldest first
+_latest: dict[str, dict] = {}  # owner ("<workflow id>/<node id>" or a node id) -> its latest message, oldest first
 
 
 def install() -> bool:
@@ -38,14 +42,17 @@ def latest() -> dict[str, dict]:
         return dict(_latest)
 
 
-def publish(node, feature: str, state: str, text: str, **details) -> None:
-    message = {"node": str(node), "feature": feature, "state": state, "text": text, "time": time.time(), **details}
+def publish(owner, feature: str, state: str, text: str, **details) -> None:
+    owner = str(owner)
+    workflow, _, node = owner.rpartition("/")
+    message = {"node": node, "workflow": workflow or None, "feature": feature, "state": state, "text": text,
+               "time": time.time(), **details}
     with _lock:
-        previous = _latest.get(message["node"], {})
+        previous = _latest.get(owner, {})
         if (previous.get("feature"), previous.get("state"), previous.get("text")) == (feature, state, text):
             return  # nothing new for the page
-        _latest.pop(message["node"], None)  # re-inserted last: the dict stays ordered oldest first
-        _latest[message["node"]] = message
+        _latest.pop(owner, None)  # re-inserted last: the dict stays ordered oldest first
+        _latest[owner] = message
         while len(_latest) > MAX_NODES:
             del _latest[next(iter(_latest))]
     from server import PromptServer

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..accel.weight_swap import WeightsFile, file_identity, swap_from_model, swap_weights
-from .common import CATEGORY
+from .common import CATEGORY, OWNER_INPUTS, status_owner
 
 NO_FILE = "(use weights_model)"
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
@@ -77,7 +77,7 @@ class SwapWeights:
             "optional": {"weights_model": ("MODEL", {
                 "tooltip": "Or another MODEL's base weights, without its own LoRA (set weights_file to "
                            "'(use weights_model)')."})},
-            "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"},
+            "hidden": {"prompt": "PROMPT", **OWNER_INPUTS},
         }
 
     @classmethod
@@ -92,12 +92,12 @@ class SwapWeights:
         except (OSError, ValueError):  # the run itself says what is wrong (an exception here would run it always)
             return f"{weights_file}: not found"
 
-    def apply(self, model, weights_file, weights_model=None, prompt=None, unique_id=None):
+    def apply(self, model, weights_file, weights_model=None, prompt=None, unique_id=None, extra_pnginfo=None):
         if weights_file != NO_FILE and weights_model is not None:
             raise ValueError(f"Swap Weights: both weights_file ({weights_file}) and weights_model are given; set "
                              f"weights_file to '{NO_FILE}' to use weights_model, or disconnect weights_model.")
         hints = [upstream_loader_file(prompt, unique_id)]
-        owner = None if unique_id is None else str(unique_id)
+        owner = status_owner(unique_id, extra_pnginfo)
         if weights_file == NO_FILE:
             if weights_model is None:
                 raise ValueError(f"Swap Weights: pick a weights_file, or connect weights_model and keep "

@@ -24,7 +24,7 @@ import pytest
 from tools.browser import comfy_page
 from tools.comfy_env import ROOT, comfyui_dir
 from tools.comfy_server import ComfyServer
-from tools.make_templates import TEMPLATES
+from tools.make_templates import TEMPLATES, template_id
 from tools.template_models import BY_NAME, PLACEHOLDERS, standins_dir
 from ui_pages import error_dialogs, page_prompt, screenshot
 
@@ -88,6 +88,7 @@ def test_every_template_opens_from_the_template_browser_with_its_model_links(ui)
     server, page = ui
     listed = server.get_json("/api/workflow_templates")["comfyui-accel"]
     assert sorted(listed) == sorted(t.title for t in TEMPLATES), listed
+    assert len({template_id(t) for t in TEMPLATES}) == len(TEMPLATES)
     open_template_browser(page)  # as a user first sees it: the cards in view, their thumbnails loaded
     page.wait_for_function("""() => [...document.querySelectorAll('[data-testid^="template-workflow-"] img')]
         .filter(img => img.complete && img.naturalWidth > 0).length >= 3""", timeout=30_000)
@@ -110,6 +111,9 @@ def test_every_template_opens_from_the_template_browser_with_its_model_links(ui)
                                arg=expected, timeout=30_000)  # the template's graph, all its nodes
         time.sleep(0.5)
         assert not error_dialogs(page), f"{template.title}: {error_dialogs(page)}"
+        # its own workflow id, which the frontend keeps and sends with its prompts: one template's statuses show
+        # on no other template's nodes of the same ids
+        assert page.evaluate("() => window.app.graph.id") == template_id(template), template.title
         nodes = loaded_nodes(page)
         saved = {str(n["id"]): n.get("widgets_values", []) for n in json.loads(
             (ROOT / "example_workflows" / f"{template.title}.json").read_text())["nodes"]}

@@ -220,6 +220,55 @@ def test_a_node_inside_a_subgraph_shows_its_status(ui):
     page.evaluate("() => window.app.canvas.setGraph(window.app.graph)")
 
 
+def with_workflow_id(page, workflow_id: str) -> None:
+    """Open the page's graph again as the workflow of that id, as the frontend opens a saved file of that id."""
+    page.evaluate("""async (id) => {
+        const workflow = window.app.graph.serialize();
+        workflow.id = id;
+        await window.app.loadGraphData(workflow);
+    }""", workflow_id)
+    fit_view(page)
+
+
+def drawn_status(page, node: str) -> dict | None:
+    """The status the node shows once it has been drawn (onDrawForeground sets accelStatus, if only to undefined)."""
+    page.wait_for_function("(id) => Object.hasOwn(window.app.graph.getNodeById(Number(id)), 'accelStatus')",
+                           arg=node, timeout=10_000)
+    return status_of(page, node)
+
+
+def test_a_status_shows_only_on_the_workflow_that_ran_it(ui):
+    """Node ids repeat between workflows (each template numbers its Compile Model 2; every dropped API file gets the
+    zero id): a status shows on the workflow whose prompt made it (the frontend sends the workflow's id with the
+    prompt), not on another workflow's node of the same id and type. A status from a prompt that names no
+    workflow (one sent over the API) shows on any."""
+    server, page = ui
+    nodes = open_workflow(page, "accel_txt2img")
+    node = node_id(nodes, "AccelDeepCache")
+    for node_type in ("AccelCompileModel", "AccelCompileVAE"):  # nothing to compile: the statuses are checked
+        bypass(page, node_id(nodes, node_type))
+    # An end_percent of its own, so that the node runs in this prompt: ComfyUI would reuse its output from an
+    # earlier test's prompt, which named another workflow.
+    set_widget(page, node, "end_percent", 0.95)
+    ran, other = "5b0e7a52-8c1f-4d3e-9a6b-2f4c8d1e7a90", "c3d9e1f0-7b2a-4e5c-8d6f-1a2b3c4d5e6f"
+    with_workflow_id(page, ran)
+    queue_and_wait(page, server)
+    status = wait_status(page, node, ("completed",), timeout=60)
+    assert status["workflow"] == ran and "reused deep features" in status["text"], status
+    assert server.get_json("/accel/status")[f"{ran}/{node}"]["text"] == status["text"]
+
+    with_workflow_id(page, other)  # the same nodes under another workflow's id: none of the statuses is its own
+    assert drawn_status(page, node) is None
+    page.evaluate("""(id) => window.comfyAPI.api.api.dispatchCustomEvent("accel.status", {node: id, workflow: null,
+        feature: "deepcache", state: "waiting", text: "applied; acts at the next sampling run", time: 0})""", node)
+    page.wait_for_function("(id) => window.app.graph.getNodeById(Number(id)).accelStatus", arg=node,
+                           timeout=10_000)
+    assert status_of(page, node)["text"] == "applied; acts at the next sampling run"  # named no workflow
+
+    with_workflow_id(page, ran)
+    assert drawn_status(page, node)["text"] == status["text"]  # its own, newer than the one that names none
+
+
 def test_a_status_longer_than_four_lines_ends_in_an_ellipsis(ui):
     """A status of more than four lines under its node (a rolled-back swap's reason, an eager verdict's) is cut at
     the fourth, which now ends in "…" (before, it stopped mid-sentence with no sign of more). The message is one

@@ -19,6 +19,7 @@ import json
 import sys
 import tempfile
 import textwrap
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,15 @@ TEMPLATES = (
 )
 
 
+def template_id(template: Template) -> str:
+    """The template's own workflow id, the same in every build. The frontend keeps a workflow's id when it opens
+    the file and sends it with each prompt; the pack's statuses show only on the workflow whose prompt made them.
+    An API file opened in the page gets the zero id, which every template had: one template's statuses showed
+    on another's nodes of the same ids."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL,
+                          f"https://github.com/comfyui-accel/ComfyUI-Accel/example_workflows/{template.api_name}"))
+
+
 def add_model_links(workflow: dict) -> dict:
     """Each loader node's real files as `properties.models`, and all of them as the workflow's `models`: the
     two places ComfyUI's frontend reads them from (its missing-models dialog, frontend 1.32 and 1.53)."""
@@ -107,6 +117,7 @@ def main() -> None:
             # Serialised in the page: JSON drops the fields the frontend leaves undefined, where a value handed
             # to Python would come back as null, which the frontend's schema refuses when it loads the file.
             workflow = json.loads(page.evaluate("() => JSON.stringify(window.app.graph.serialize())"))
+            workflow["id"] = template_id(template)
             workflow.setdefault("extra", {})["ds"] = fitting_view(workflow["nodes"])
             add_model_links(workflow)
             (TEMPLATE_DIR / f"{template.title}.json").write_text(json.dumps(workflow, indent=1) + "\n")

@@ -25,7 +25,7 @@ const NODE_OF_FEATURE = {
   compile_model: "AccelCompileModel", deepcache: "AccelDeepCache", swap_weights: "AccelSwapWeights",
   compile_vae: "AccelCompileVAE",
 };
-const statuses = new Map(); // node (execution) id -> the latest status message of that node
+const statuses = new Map(); // "<workflow id>/<node (execution) id>" -> the latest status message of that node
 const MAX_LINES = 4; // of a status under its node (GET /accel/status has the whole text)
 const PAD = 6, LINE_HEIGHT = 14, FONT = "12px sans-serif";
 const STATUS_WIDGET = "accel_status"; // the status's widget under Nodes 2.0 (its name and type)
@@ -47,18 +47,21 @@ function nodeAt(executionId) {
 }
 
 // The status sent for this node: under its own id at the root, under an id ending in ":<its id>" in a subgraph.
-// Node ids repeat between workflows and subgraphs, so a message counts only if its id leads to this very node and
-// its feature is this node's type.
+// Node ids repeat between workflows and subgraphs (each template numbers its Compile Model 2), so a message counts
+// only if it came from the workflow open now (its prompt carried that workflow's id; a prompt sent over the API
+// without one names none and counts on any), its id leads to this very node and its feature is this node's type.
 // Copies of one subgraph share its nodes: the latest status of any copy is shown, not the first one sent.
 function statusOf(node) {
   const id = String(node.id);
-  const candidates = [statuses.get(id), ...[...statuses.values()].filter((m) => String(m.node).endsWith(`:${id}`))];
-  return candidates.filter((m) => m && NODE_OF_FEATURE[m.feature] === node.type && nodeAt(m.node) === node)
+  const workflow = (app.rootGraph ?? app.graph)?.id;
+  return [...statuses.values()].filter((m) => (m.workflow == null || m.workflow === workflow)
+      && (String(m.node) === id || String(m.node).endsWith(`:${id}`))
+      && NODE_OF_FEATURE[m.feature] === node.type && nodeAt(m.node) === node)
     .reduce((latest, m) => (!latest || m.time > latest.time ? m : latest), undefined);
 }
 
 function showStatus(message) {
-  statuses.set(String(message.node), message);
+  statuses.set(`${message.workflow ?? ""}/${message.node}`, message);
   app.canvas?.setDirty(true, true); // drawn (and node.accelStatus set) by onDrawForeground, or:
   if (vueNodes()) showStatusWidgets();
 }
