@@ -97,6 +97,25 @@ def main() -> None:
     third_shape = {"tokens": 3 * family.tokens, "latent_shape": (*shape[:-1], 3 * shape[-1])}
     run("third shape", compiled, sample(model, family, steps=args.steps, **third_shape), **third_shape)
     result["third_shape_stats"] = engine.REGISTRY.stats()
+
+    # Another node swaps ComfyUI's attention function (skip-guidance nodes do for one model call, attention patch
+    # nodes for good): no graph saved with ComfyUI's own serves a call meanwhile, and they serve again after.
+    import comfy.ldm.modules.attention as attention
+
+    picked = attention.optimized_attention
+
+    def scaled_attention(*call_args, **call_kwargs):
+        return 1.5 * picked(*call_args, **call_kwargs)
+
+    attention.optimized_attention = scaled_attention
+    try:
+        eager_swapped = sample(model, family, steps=args.steps)
+        result["swap_changes_eager"] = (eager_swapped - eager).abs().max().item()
+        run("attention swapped", compiled, eager_swapped)
+    finally:
+        attention.optimized_attention = picked
+    run("attention restored", compiled)
+    result["restored_stats"] = engine.REGISTRY.stats()
     print_result(result, default=str)
 
 

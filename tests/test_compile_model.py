@@ -523,7 +523,8 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
     every one of their graphs loads whole, as a precompiled function: this process never runs Dynamo (its frame
     counter stays at 0 from start to end). A new input shape (longer prompt, wider latent) goes the same way:
     eager while a child compiles it, then served by its precompiled graph. Outputs stay within the compiled
-    tolerance of eager. The three jobs go to one child, which waits for the next."""
+    tolerance of eager. The three jobs go to one child, which waits for the next. While another node swaps
+    ComfyUI's attention function, the blocks run eagerly with it."""
     env = {**os.environ, "ACCEL_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, str(BACKGROUND_PROBE)], capture_output=True, text=True, env=env,
                           timeout=1200)
@@ -600,6 +601,18 @@ def test_auto_mode_compiles_cold_kinds_in_the_background(engine, tmp_path):
     assert len(result["third_shape_stats"]["background"]["finished"]) == len(every_job), "a child was started"
     served = result["third_shape_stats"]["kinds"][index]["precompiled"]["calls"]  # the registry's order: stable
     assert served > new_kind["precompiled"]["calls"], (served, new_kind)
+
+    # Another node swaps ComfyUI's attention function (blocks.attention_swapped): the blocks run eagerly, equal to
+    # eager under the same swap, and no child is started for it; once it is restored, the saved graphs serve again.
+    swapped, restored = result["samplings"][9:11]
+    assert result["swap_changes_eager"] > 1e-2 * swapped["eager_max_abs"], result["swap_changes_eager"]
+    assert ran_eagerly(swapped) and swapped["frames"] == 0, f"the saved graphs ignored the swap: {swapped}"
+    assert restored["frames"] == 0 and restored["max_abs_diff"] <= 2e-5 * restored["eager_max_abs"], restored
+    calls = [sum(k["precompiled"]["calls"] for k in result[stats]["kinds"])
+             for stats in ("third_shape_stats", "restored_stats")]
+    assert calls[1] > calls[0], f"the saved graphs did not serve after the swap: {calls}"
+    background = result["restored_stats"]["background"]
+    assert len(background["finished"]) == len(every_job) and not background["running"], background
 
 
 def test_block_skeletons_carry_layouts_not_weights(engine, comfy_nodes):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,6 +23,17 @@ CONTAINER_CLASSES = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDi
 # transformer_options entries that change what a block computes. When one is present the call runs eagerly:
 # these are other nodes' patches (IPAdapter, attention replacements) that a compiled graph would bake in.
 BLOCK_PATCH_KEYS = ("attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_output_patch", "middle_patch")
+
+# ComfyUI's attention functions as the module globals blocks read at each call: comfy.ldm.modules.attention's two,
+# and the copies family modules import (flux.math, wan.model, qwen_image.model, ...). Other nodes swap them in
+# place: skip-guidance nodes for one model call, attention patch nodes (KJNodes' Sage attention) for a run. A
+# compiled graph keeps the function it was compiled with: a graph a child saved (torch drops the guards on globals
+# from it) and one compiled here before the swap alike. So a block call under a swap runs eagerly, as one whose
+# options carry another node's attention patch.
+ATTENTION_GLOBALS = ("optimized_attention", "optimized_attention_masked")
+_picked: tuple = ()  # comfy.ldm.modules.attention's functions at the first check in the process
+_attention_holders: list = []  # (module, name) of every such global in comfy.ldm's modules
+_attention_seen: tuple = (-1, (), False)  # (len(sys.modules) at the scan, the objects in place, swapped)
 
 
 @dataclass(frozen=True)
@@ -189,6 +201,28 @@ def block_safe_options(transformer_options: dict) -> dict | None:
     if any(patches.get(key) for key in BLOCK_PATCH_KEYS):
         return None
     return {}
+
+
+def attention_swapped() -> bool:
+    """True while another node holds one of ComfyUI's attention globals (ATTENTION_GLOBALS) in place of the
+    functions comfy.ldm.modules.attention held at the first check in this process (ComfyUI's picks, which the
+    child that compiles saw too). Asked at every block call: a getattr for each of a few dozen globals."""
+    global _picked, _attention_holders, _attention_seen
+    if not _picked:
+        import comfy.ldm.modules.attention as attention
+
+        _picked = tuple(getattr(attention, name) for name in ATTENTION_GLOBALS)
+    modules_then, seen, swapped = _attention_seen
+    if modules_then != len(sys.modules):  # a module imported since may hold a copy
+        _attention_holders = [(module, name) for module_name, module in list(sys.modules.items())
+                              if module is not None and module_name.startswith("comfy.ldm.")
+                              for name in ATTENTION_GLOBALS if name in vars(module)]
+        seen = None
+    current = tuple(getattr(module, name, None) for module, name in _attention_holders)
+    if seen is None or len(seen) != len(current) or any(a is not b for a, b in zip(current, seen)):
+        swapped = any(not any(f is p for p in _picked) for f in current)
+        _attention_seen = (len(sys.modules), current, swapped)
+    return swapped
 
 
 def cannot_compile_reason(module: torch.nn.Module, device: torch.device) -> str | None:

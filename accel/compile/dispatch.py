@@ -13,7 +13,7 @@ import time
 
 from .attention import compiled_block_options
 from .background import ACTIVITY, Capture
-from .blocks import BlockSite, block_safe_options, whole_model_safe_options
+from .blocks import BlockSite, attention_swapped, block_safe_options, whole_model_safe_options
 from .kinds import WOULD_COMPILE, KindEntry, wait_for_device
 from .registry import REGISTRY
 from .routes import CallPlan, Route
@@ -169,7 +169,10 @@ class BlockDispatcher:
 
     def _make_call(self, args: tuple, kwargs: dict):
         """A function building fresh (args, kwargs) for a compiled call of this block, or None when this call
-        must run eagerly (another node patched what the block computes)."""
+        must run eagerly (another node patched what the block computes, in the call's options or by swapping
+        ComfyUI's attention function)."""
+        if attention_swapped():
+            return None
         options, with_options = self.site.options_of_call(args, kwargs)
         if with_options is None:
             return lambda: steady_unit_strides(args, kwargs)
