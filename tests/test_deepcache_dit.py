@@ -131,7 +131,10 @@ def test_dit_deepcache_leaks_nothing_between_runs(accel_pack, models, name):
 
 def test_another_nodes_block_patch_keeps_working_under_deepcache(accel_pack, models):
     """A PuLID-style replace patch on a block of DeepCache's span still runs on full steps (DeepCache chains
-    it instead of replacing it): with interval 1 the output equals the patched model's alone."""
+    it instead of replacing it): with interval 1 the output equals the patched model's alone. Put on after
+    DeepCache, it replaces the span block's own patch: a reused call would run that block on top of the
+    residual, which holds its work already (before, the output was off by as much as DeepCache's own error), so
+    every call runs in full and the output equals the patched model's alone."""
     name, model = "wan21", models["wan21"]
 
     def louder(args, extra):
@@ -143,6 +146,14 @@ def test_another_nodes_block_patch_keeps_working_under_deepcache(accel_pack, mod
     alone = run(patched, name)
     assert not torch.equal(alone, run(model, name)), "the patch changed nothing"
     assert torch.equal(run(deepcache(accel_pack, patched, 1, 0), name), alone)
+    # live_blocks "first only": the span is blocks 1 to 3 of 4, and block 2 is inside it (on a reused call the
+    # span's first block adds the residual and its last one is skipped)
+    inside = model.clone()
+    inside.set_model_patch_replace(louder, "dit", "double_block", 2)
+    after = with_options(accel_pack, model, live_blocks="first only").clone()
+    after.set_model_patch_replace(louder, "dit", "double_block", 2)
+    assert torch.equal(run(after, name), run(inside, name))
+    assert last_report(accel_pack)["reused_steps"] == 0
 
 
 @pytest.mark.parametrize("name", ("flux", "wan21"))

@@ -142,6 +142,9 @@ class DiTApplyModelWrapper:
     residuals, reuse them, or stay out of the way, as the run decided, and keeps what a full call captured. The
     patches read it from the call's own transformer_options (dit_paths.CALL_KEY)."""
 
+    def __init__(self, span_blocks: frozenset = frozenset()):
+        self.span_blocks = span_blocks  # the ("double_block" | "single_block", i) keys of the spans' patches
+
     def __call__(self, executor, *args, **kwargs):
         transformer_options = transformer_options_of(args, kwargs)
         run = transformer_options.get(RUN_KEY) if transformer_options is not None else None
@@ -157,7 +160,13 @@ class DiTApplyModelWrapper:
         # ControlNet; Wan's loop runs them too in newer ComfyUI).
         control = args[4] if len(args) > 4 else kwargs.get("control")
         after_each_block = (transformer_options.get("patches") or {}).get("double_block")
-        decided = run.call(transformer_options, x, may_reuse=control is None and not after_each_block)
+        # A node applied after DeepCache that replaced a span block's patch with its own (PuLID-style nodes): on a
+        # reused call that block would run on top of the residual, which holds its work already. (One applied
+        # before keeps working: the span's patch wraps it.)
+        dit = (transformer_options.get("patches_replace") or {}).get("dit") or {}
+        replaced = any(not isinstance(dit.get(key), dit_paths.SpanBlockPatch) for key in self.span_blocks)
+        decided = run.call(transformer_options, x,
+                           may_reuse=control is None and not after_each_block and not replaced)
         call = dit_paths.SpanCall()
         if decided.entries is not None:
             call.adaptive = decided.adaptive  # adaptive: decided in the block loop, from the first span's input
@@ -264,7 +273,7 @@ def _apply_dit(model_patcher, diffusion_model, config: DeepCacheConfig):
     import comfy.patcher_extension as pe
 
     share = dit_paths.skipped_share(diffusion_model, spans)
-    inner = DiTApplyModelWrapper()
+    inner = DiTApplyModelWrapper(frozenset((span.patch_name, block) for span in spans for block in span.blocks()))
     # APPLY_MODEL, not DIFFUSION_MODEL: every family's model call goes through it (SD3's MMDiT has no
     # DIFFUSION_MODEL wrapper in ComfyUI 0.3.75), and its arguments carry the call's transformer_options.
     clone = _with_wrappers(model_patcher, OuterSampleWrapper(config, config.depth, share), inner,
