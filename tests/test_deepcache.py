@@ -424,6 +424,30 @@ def test_each_context_window_reuses_its_own_features(pack, unet):
                                    msg=lambda m, r=rows: f"rows {r.start}-{r.stop - 1}: {m}")
 
 
+def test_area_conds_taking_turns_never_read_each_others_features(pack, unet):
+    """Regional prompting: two areas of one size, each for half of the steps (ConditioningSetArea and
+    ConditioningSetTimestepRange), at cfg 5. ComfyUI copies each positive area cond into the negative under its
+    own uuid, so each area's calls hold one uuid twice: before, their chunks were keyed by the cond/uncond index
+    alone, the same for both areas, and the second area's first reused steps read the first area's features.
+    Now the second area's first call finds no features of its own and runs in full (the run's one fallback)."""
+    import comfy.sample
+    import nodes
+
+    pos, neg = runs.conds(0)
+    gen = torch.Generator().manual_seed(5)
+    first, second = ([[torch.randn(1, 77, 768, generator=gen), {}]] for _ in range(2))
+    first = nodes.ConditioningSetArea().append(first, 64, 64, 0, 0, 1.0)[0]
+    second = nodes.ConditioningSetArea().append(second, 64, 64, 64, 64, 1.0)[0]
+    positive = (pos + nodes.ConditioningSetTimestepRange().set_range(first, 0.0, 0.5)[0]
+                + nodes.ConditioningSetTimestepRange().set_range(second, 0.5, 1.0)[0])
+    latent = torch.zeros(1, 4, 16, 16)
+    out = comfy.sample.sample(deepcache(pack, unet, 3, 1), comfy.sample.prepare_noise(latent, 0), 8, 5.0, "euler",
+                              "normal", positive, neg, latent, disable_pbar=True, seed=0)
+    report = last_run_report(pack)
+    assert torch.isfinite(out).all()
+    assert report["fallback_calls"] == 1 and report["reused_steps"] == 5, report
+
+
 def test_nonuniform_schedule_run(pack, unet):
     """The non-uniform schedule keeps the uniform one's budget of full steps (2 of 6 at interval 3: steps 0 and
     3 uniform, 0 and 5 non-uniform) and places them differently, so the output differs."""

@@ -244,16 +244,24 @@ class RunState:
 
 
 def chunk_keys(transformer_options: dict, batch: int):
-    """One key per cond chunk of this call: ComfyUI's per-cond `uuids` (new for every run), or failing that
-    the cond/uncond index. None when the call cannot be split into chunks (then it is never served from cache).
-    Under ComfyUI's context windows each window calls the model with the same conds (uuids and all) on its own
-    frames: the window's frame indices are part of the key, so each window reads its own features."""
+    """One key per cond chunk of this call: ComfyUI's per-cond `uuids` (new for every run), with the cond/uncond
+    index where a call holds one uuid twice (ComfyUI copies a positive area cond into the negative under its own
+    uuid); without uuids (none in the call), the cond/uncond index. None when the call cannot be split into
+    chunks (then it is never served from cache). The cond/uncond index alone never keys a call that has uuids:
+    two area conds that take turns (ConditioningSetTimestepRange) each make calls of index [1, 0], and one read
+    the other's features. Under ComfyUI's context windows each window calls the model with the same conds (uuids
+    and all) on its own frames: the window's frame indices are part of the key, so each window reads its own."""
     window = getattr(transformer_options.get("context_window"), "index_list", None)
     window = tuple(window) if window is not None else None
-    for name in ("uuids", "cond_or_uncond"):
-        keys = transformer_options.get(name)
-        if keys and batch % len(keys) == 0 and len(set(keys)) == len(keys):
-            return [(name, k) if window is None else (name, k, window) for k in keys]
+    uuids, halves = transformer_options.get("uuids"), transformer_options.get("cond_or_uncond")
+    if uuids:
+        name, keys = "uuids", list(uuids)
+        if len(set(keys)) != len(keys):
+            keys = list(zip(uuids, halves)) if halves and len(halves) == len(uuids) else None
+    else:
+        name, keys = "cond_or_uncond", halves
+    if keys and batch % len(keys) == 0 and len(set(keys)) == len(keys):
+        return [(name, k) if window is None else (name, k, window) for k in keys]
     return None
 
 
