@@ -545,7 +545,8 @@ def test_forecast_on_the_unet_extrapolates_later_reused_steps_and_leaks_nothing(
     """forecast "linear" on the UNet's deep feature: the steps with two full steps behind them (interval 3 over 6
     steps: 4 and 5) get the line through both, the earlier ones the feature as it is, so the output differs from
     plain reuse; interval 1 changes nothing; run A, then B at another size with cond and uncond split, then A
-    again: bit for bit the same. live_blocks, a transformer's option, is named in the log and changes nothing."""
+    again: bit for bit the same. live_blocks, a transformer's option, is named in the log and changes nothing. With
+    a sampler that calls the model twice a step (heun), the line is drawn too."""
     node = pack.nodes.deepcache.DeepCache()
 
     def apply(interval=3, **options):
@@ -561,6 +562,10 @@ def test_forecast_on_the_unet_extrapolates_later_reused_steps_and_leaks_nothing(
     sample(split_cond_uncond(forecast), size=(8, 16), batch=2, steps=6, seed=1)
     assert torch.equal(sample(forecast, **run_a_kwargs()), first), "run A changed after run B"
     assert torch.equal(sample(apply(live_blocks="first only"), **run_a_kwargs()), plain)
+    # heun calls the model twice a step: the second full call of a step keeps the step before as the line's
+    # other end (before, it dropped it, and "linear" gave plain reuse's output bit for bit)
+    heun = {**run_a_kwargs(), "steps": 9, "sampler": "heun"}
+    assert not torch.equal(sample(forecast, **heun), sample(apply(), **heun)), "heun: nothing was extrapolated"
 
 
 def test_fitted_forecast_on_the_unet_extrapolates_and_leaks_nothing(pack, unet):

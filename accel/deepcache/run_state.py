@@ -119,11 +119,17 @@ class RunState:
         return extrapolate(entry.h, previous.h, factor)
 
     def _entry(self, key, step: int, signature: tuple, h, reference) -> _Entry:
-        """A chunk's new entry; with a forecast it keeps the one it replaces (without that one's own previous)."""
+        """A chunk's new entry; with a forecast it keeps the one it replaces (without that one's own previous),
+        or, replacing one of the same step (a sampler's second call in a step: heun, dpm_2, the SDE samplers),
+        that one's previous: the line's other end stays the last full step before this one."""
         old = self.features.get(key)
-        keep = (self.config.forecast != "off" and old is not None and old.signature == signature
-                and old.step < step)
-        return _Entry(step, signature, h, reference, previous=dataclasses.replace(old, previous=None) if keep else None)
+        previous = None
+        if self.config.forecast != "off" and old is not None and old.signature == signature:
+            if old.step < step:
+                previous = dataclasses.replace(old, previous=None)
+            elif old.step == step:
+                previous = old.previous
+        return _Entry(step, signature, h, reference, previous=previous)
 
     def mark_reused(self, keys, step: int, which=None) -> None:
         for i, key in enumerate(keys):
