@@ -86,6 +86,12 @@ def test_uniform_and_nonuniform_plans(pack):
 
     assert plan.step_of(20.0, None) == 0 and plan.step_of(11.0, 3) == 9
     assert plan.step_of(12.5, 7) == 7  # a sampler's sub-step between two scheduled sigmas stays in its step
+    # Custom sigmas that come back to a sigma (a restart schedule): each call is the next step with its sigma
+    # (before, the first one: steps 3 and 4 were taken for 1 and 2, and reused four steps in a row).
+    restart, steps = schedule.make_plan([14.6, 7.0, 3.0, 7.0, 3.0, 1.0, 0.0], 3, "uniform", 1e9, 0.0), [None]
+    for sigma in (14.6, 7.0, 3.0, 7.0, 3.0, 1.0):
+        steps.append(restart.step_of(sigma, steps[-1]))
+    assert steps[1:] == [0, 1, 2, 3, 4, 5], steps
 
 
 def test_adaptive_plan_keeps_the_ends_full_and_leaves_short_runs_alone(pack):

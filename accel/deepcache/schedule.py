@@ -55,10 +55,12 @@ class StepPlan:
 
     def step_of(self, sigma: float, previous: int | None) -> int | None:
         """The step evaluated at `sigma`, matched against the schedule (relative tolerance 1e-4, as ComfyUI's
-        context windows do). A sigma that is not in the schedule is a sampler's sub-step (heun, dpm_2, ...):
-        it belongs to the current step, `previous`."""
-        for i, s in enumerate(self.sigmas):
-            if math.isclose(s, sigma, rel_tol=1e-4, abs_tol=0.0):
+        context windows do), from the current step `previous` on first: custom sigmas may come back to a sigma
+        (a restart schedule), and the step is then the later one. A sigma that is not in the schedule is a
+        sampler's sub-step (heun, dpm_2, ...): it belongs to the current step, `previous`."""
+        start = previous or 0
+        for i in [*range(start, len(self.sigmas)), *range(start)]:
+            if math.isclose(self.sigmas[i], sigma, rel_tol=1e-4, abs_tol=0.0):
                 return i
         return previous
 
