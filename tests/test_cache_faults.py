@@ -12,6 +12,7 @@ the test's own:
 - a damaged shares file (compile/saved_findings.py) is read as none, measured again and rewritten whole;
 - a damaged environment fingerprint is said by `cache info` and the web UI's panel (whose Clear button comes with
   that answer), left out of an export, and written again at the environment's next use;
+- a cache cap that is not a finite number (ACCEL_CACHE_MAX_GB=inf is no cap) never fails the size check;
 - a precompiled function file of another format (an older pack's) counts as none: the kind goes to a child, as
   one without any, rather than load through Dynamo in a prompt;
 - a damaged background job (its job.pkl) fails that job alone: the child says why in the job's done file and
@@ -133,6 +134,22 @@ def test_a_damaged_fingerprint_is_said_left_out_of_an_export_and_written_again(a
     assert "0 files of 0 environments" in capsys.readouterr().out  # no import could check it against a machine
     again = store.EnvironmentCache(tmp_path / "cache", "cpu")  # the environment's next use, in a later process
     assert again.check_usable() and store.read_fingerprint(env.dir) == env.fingerprint
+
+
+def test_a_cache_cap_of_inf_nan_or_a_word_never_fails_the_size_check(accel_pack, tmp_path, monkeypatch, caplog):
+    """ACCEL_CACHE_MAX_GB=inf is no cap; nan, -inf or a word are said in the log and the default cap is used. The
+    size check runs after each save, at the end of a compile's cache scope: before, inf and nan raised there,
+    which the scope took for damaged torch files, setting torch's cache aside and compiling again."""
+    store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
+    cache = store.EnvironmentCache(tmp_path / "cache", "cpu")
+    assert cache.check_usable()
+    for value in ("inf", "nan", "-inf", "lots"):
+        monkeypatch.setenv("ACCEL_CACHE_MAX_GB", value)
+        caplog.clear()
+        cache.evict_if_needed(force=True)
+        said = [r.getMessage() for r in caplog.records if "ACCEL_CACHE_MAX_GB" in r.getMessage()]
+        assert (said == []) if value == "inf" else (len(said) == 1 and "using 10" in said[0]), (value, said)
+    assert cache.dir.is_dir() and cache.stats["evicted"] == 0, cache.stats
 
 
 def test_a_precompiled_file_of_another_format_counts_as_none(accel_pack, tmp_path):

@@ -29,6 +29,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -473,7 +474,10 @@ class EnvironmentCache:
         if not force and now - self._last_evict < EVICT_EVERY_S:
             return
         self._last_evict = now
-        cap = int(env_float(MAX_SIZE_ENV, DEFAULT_MAX_GB) * 2**30)
+        cap_gb = env_float(MAX_SIZE_ENV, DEFAULT_MAX_GB, allow_inf=True)
+        if cap_gb == math.inf:  # no cap
+            return
+        cap = int(cap_gb * 2**30)
         sizes = {path: tree_size(path) for path in {*environment_dirs(self.dir.parent), self.dir}}
         total = sum(sizes.values())
         if total <= cap:
