@@ -48,8 +48,9 @@ function nodeAt(executionId) {
 
 // The status sent for this node: under its own id at the root, under an id ending in ":<its id>" in a subgraph.
 // Node ids repeat between workflows and subgraphs (each template numbers its Compile Model 2), so a message counts
-// only if it came from the workflow open now (its prompt carried that workflow's id; a prompt sent over the API
-// without one names none and counts on any), its id leads to this very node and its feature is this node's type.
+// only if it came from the workflow open now (its prompt carried that workflow's id; a prompt sent over the API,
+// or from a workflow without an id of its own, names none and counts on any: nodes/common.py), its id leads to
+// this very node and its feature is this node's type.
 // Copies of one subgraph share its nodes: the latest status of any copy is shown, not the first one sent.
 function statusOf(node) {
   const id = String(node.id);
