@@ -39,12 +39,12 @@ def openmp_runtimes(pid: int) -> list[str]:
 
 def thread_times(pid: int) -> list[dict]:
     """Each thread of pid: tid, name, cpu seconds so far and the CPUs it may run on."""
-    ticks = os.sysconf("SC_CLK_TCK")
     threads = []
     try:
         tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
-    except OSError:
+    except OSError:  # no /proc: not Linux (Windows has no os.sysconf either)
         return threads
+    ticks = os.sysconf("SC_CLK_TCK")
     for tid in tids:
         base = f"/proc/{pid}/task/{tid}"
         try:  # a thread may end between the listing and the reads: it is left out then

@@ -81,3 +81,68 @@ def test_disable_compile_switch_runs_eagerly_and_correctly(accel_pack, comfy_dir
     out = sample(engine.compile_model(model, engine.CompileOptions(choose="always compiled")), size=8, steps=2)
     assert dynamo_frames() == frames
     assert_close_to_eager(out, eager, "compile switched off")
+
+
+# What a background child does to keep the sampler's CPU, where the platform allows it (Linux's idle scheduling
+# class, a niceness elsewhere, nothing on Windows), in a process of its own: it changes the process's priority.
+CHILD_PRIORITY = """
+import logging, os, sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+from accel.compile.background import child
+nice = os.nice
+if sys.argv[1] == "windows":  # neither the idle class nor os.nice, as on Windows
+    del os.SCHED_IDLE, os.nice
+child._lower_priority()
+print("policy", os.sched_getscheduler(0), "nice", nice(0))
+"""
+
+
+@pytest.mark.parametrize("nice, expected", [("", "policy 5 nice 0"), ("ten", "policy 5 nice 0"),
+                                            ("7", "policy 0 nice 7")])
+def test_the_background_childs_priority_and_its_setting(nice, expected):
+    """ACCEL_BACKGROUND_NICE unset or empty: the idle scheduling class (SCHED_IDLE, 5); a whole number: that
+    niceness; anything else is said in the log and the idle class kept (before, "ten" or an empty value left the
+    child at full priority, unseen). Without either (Windows), the child starts at its normal priority (before,
+    os.nice's absence stopped every background compile there)."""
+    import os
+    import subprocess
+    import sys
+
+    from tools.comfy_env import ROOT
+
+    env = {**os.environ, "ACCEL_BACKGROUND_NICE": nice}
+    proc = subprocess.run([sys.executable, "-c", CHILD_PRIORITY, "linux"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    assert proc.stdout.strip() == expected, (proc.stdout, proc.stderr)
+    assert ("is not a whole number" in proc.stderr) == (nice == "ten"), proc.stderr
+    if nice == "":
+        windows = subprocess.run([sys.executable, "-c", CHILD_PRIORITY, "windows"], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=120)
+        assert windows.returncode == 0 and windows.stdout.strip() == "policy 0 nice 0", windows.stderr[-2000:]
+
+
+def test_the_panels_thread_report_needs_no_proc_nor_sysconf(accel_pack, monkeypatch):
+    """GET /accel/stats lists each thread's CPU time from /proc; where there is none (Windows, which has no
+    os.sysconf either) it lists none. Before, os.sysconf was called first: the route answered 500 on Windows and
+    the Accel panel showed nothing."""
+    import importlib
+    import os
+
+    diagnostics = importlib.import_module(accel_pack.__name__ + ".accel.diagnostics")
+    assert diagnostics.thread_times(os.getpid())  # Linux: this process's threads
+    monkeypatch.delattr(os, "sysconf")
+    assert diagnostics.thread_times(2**22 + 12345) == []  # no /proc entry: as on Windows
+
+
+def test_the_precompiled_switch_takes_the_off_values_of_every_switch(accel_pack, monkeypatch):
+    """ACCEL_PRECOMPILED is on unless set to an off value, read as every switch of the pack reads them (0, false,
+    no, off, in any case; empty is unset). Before, only "0" and the empty value turned it off."""
+    import importlib
+
+    precompiled = importlib.import_module(accel_pack.__name__ + ".accel.compile.precompiled")
+    for value in ("0", "false", "OFF", " no "):
+        monkeypatch.setenv("ACCEL_PRECOMPILED", value)
+        assert precompiled.unavailable().startswith("off (ACCEL_PRECOMPILED="), value
+    for value in ("", "1", "yes"):
+        monkeypatch.setenv("ACCEL_PRECOMPILED", value)
+        assert not precompiled.unavailable().startswith("off"), value

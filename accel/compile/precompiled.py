@@ -37,6 +37,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..env_settings import OFF_VALUES
+
 log = logging.getLogger("comfyui_accel")
 
 ENV = "ACCEL_PRECOMPILED"
@@ -62,8 +64,9 @@ def loadable(header: dict) -> bool:
 
 def unavailable() -> str:
     """Why kinds cannot be precompiled here ("" when they can)."""
-    if os.environ.get(ENV, "1") in ("0", ""):
-        return f"off ({ENV}=0)"
+    raw = os.environ.get(ENV, "").strip()  # on unless set to an off value (empty: unset)
+    if raw and raw.lower() in OFF_VALUES:
+        return f"off ({ENV}={raw})"
     if not hasattr(torch.compiler, "load_compiled_function") or not hasattr(torch._dynamo.config,
                                                                              "enable_aot_compile"):
         return f"torch {torch.__version__} has no AOT precompile (torch.compiler.load_compiled_function)"

@@ -220,13 +220,23 @@ def _exit_with(parent: int) -> None:
 def _lower_priority() -> None:
     """The sampler keeps the CPU: on Linux the child (and the C++ compilers it starts, which inherit it) runs in
     the idle scheduling class, only on CPU time nothing else wants. A mere niceness still takes a share of a
-    busy core, and torch's CPU threads wait for each other, so a share taken from one slows them all."""
-    if NICE_ENV not in os.environ and hasattr(os, "SCHED_IDLE"):
+    busy core, and torch's CPU threads wait for each other, so a share taken from one slows them all. NICE_ENV
+    set to a whole number runs it at that niceness instead; a value that is not one is said, and ignored. Windows
+    has neither: the child runs at its normal priority there."""
+    raw, nice = os.environ.get(NICE_ENV, "").strip(), None
+    if raw:
+        try:
+            nice = int(raw)
+        except ValueError:
+            log.warning("[Accel] %s=%r is not a whole number; the background compile runs in the idle scheduling "
+                        "class", NICE_ENV, raw)
+    if nice is None and hasattr(os, "SCHED_IDLE"):
         with contextlib.suppress(OSError):
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
             return
-    with contextlib.suppress(OSError, ValueError):
-        os.nice(int(os.environ.get(NICE_ENV, FALLBACK_NICE)))
+    if hasattr(os, "nice"):
+        with contextlib.suppress(OSError):
+            os.nice(FALLBACK_NICE if nice is None else nice)
 
 
 def _peak_rss_mib() -> int | None:
