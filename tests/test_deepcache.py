@@ -109,6 +109,12 @@ def test_adaptive_plan_keeps_the_ends_full_and_leaves_short_runs_alone(pack):
     assert policy.reuses(0.19, 1) and not policy.reuses(0.21, 0) and not policy.reuses(0.0, 2)
     with pytest.raises(ValueError, match="threshold"):
         pack.accel.deepcache.DeepCacheConfig(schedule="adaptive", threshold=-1.0)
+    # A percent outside 0..1, or NaN (a prompt's JSON may hold one, and ComfyUI's range check lets it through):
+    # refused with its name, as the threshold is, not a run that silently reuses nothing
+    for name in ("start_percent", "end_percent"):
+        for value in (float("nan"), 1.5):
+            with pytest.raises(ValueError, match=f"{name} must be between 0 and 1"):
+                pack.accel.deepcache.DeepCacheConfig(**{name: value})
 
 
 def test_adaptive_mode_on_the_unet(pack, unet):

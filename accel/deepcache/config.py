@@ -35,6 +35,9 @@ class DeepCacheConfig:
             raise ValueError("cache interval must be at least 1")
         if self.depth < 0:
             raise ValueError("cache depth must be 0 or more")
+        for name in ("start_percent", "end_percent"):
+            if not 0.0 <= getattr(self, name) <= 1.0:  # NaN too, which a prompt's JSON may carry
+                raise ValueError(f"{name} must be between 0 and 1, not {getattr(self, name)}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}")
         if self.forecast not in FORECASTS:
