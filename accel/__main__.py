@@ -49,11 +49,11 @@ def parser() -> argparse.ArgumentParser:
 
     top = argparse.ArgumentParser(prog="python -m accel", description=__doc__.splitlines()[0], epilog=EXAMPLES,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    top.add_argument("--comfyui", type=Path, default=None,
-                     help="ComfyUI directory (default: $COMFYUI_DIR, else the ComfyUI this pack is installed in)")
+    comfyui_help = "ComfyUI directory (default: $COMFYUI_DIR, else the ComfyUI this pack is installed in)"
+    top.add_argument("--comfyui", type=Path, default=None, help=comfyui_help)
     # metavar: the usage and the list name only what a user runs (compile-worker is internal, see below)
     commands = top.add_subparsers(dest="command", required=True, metavar="{precompile,cache,doctor}")
-    pre = commands.add_parser("precompile", help="warm the compile cache for chosen sizes")
+    pre = commands.add_parser("precompile", help="warm the compile cache for chosen sizes", allow_abbrev=False)
     pre.add_argument("--model", required=True, help="a path, or a file name in diffusion_models/ or checkpoints/")
     pre.add_argument("--sizes", default="512x512", help="image sizes WIDTHxHEIGHT, comma-separated")
     pre.add_argument("--batch", default="1", help="image batch sizes, comma-separated")
@@ -69,7 +69,11 @@ def parser() -> argparse.ArgumentParser:
     # Compile Model's background compiler; no help= keeps it out of the list (help=SUPPRESS showed "==SUPPRESS==")
     worker = commands.add_parser("compile-worker")
     worker.add_argument("directory", type=Path)
-    cache = commands.add_parser("cache", help="inspect, export, import or clear the compile cache")
+    cache = commands.add_parser("cache", help="inspect, export, import or clear the compile cache", allow_abbrev=False)
+    # --comfyui after the command too (before, argparse took it there for an abbreviation of --comfyui-args);
+    # SUPPRESS: absent there, it leaves the value given before the command
+    for command in (pre, cache):
+        command.add_argument("--comfyui", type=Path, default=argparse.SUPPRESS, help=comfyui_help)
     cache.add_argument("action", choices=("info", "export", "import", "clear"))
     cache.add_argument("file", nargs="?", type=Path, help="the file to export to or import from")
     cache.add_argument("--remote", action="store_true",
@@ -89,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     except ValueError as err:  # bad input (PrecompileError is one): the message says what to do
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file or folder the command could not read or write (permissions, a full disk)
+        where = f" {err.filename}" if err.filename else ""
+        print(f"error: cannot use{where}: {err.strerror or err}. Check that path, its permissions and the free space "
+              "there (ACCEL_CACHE_DIR sets the compile cache's folder); a file written before the error stays.",
+              file=sys.stderr)
         return 2
 
 

@@ -1,7 +1,8 @@
 """The pack's environment variables, read one way for all. Numbers: unset gives the default; a value that is not a
 finite number (inf only where a setting takes it) is logged with the variable's name and the default is used (a
-typo in a server's environment must never stop a prompt, and must not pass unseen). Switches (ACCEL_DISABLE_*): on for any value but unset, empty, 0, false,
-no or off, in any case (a docker-compose file's `false` turned a switch on)."""
+typo in a server's environment must never stop a prompt, and must not pass unseen). Switches (ACCEL_DISABLE_*): on
+for any value but unset, empty, 0, false, no or off, in any case (a docker-compose file's `false` turned a switch
+on)."""
 from __future__ import annotations
 
 import logging

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -64,7 +65,8 @@ def import_comfyui(comfy_dir: Path, cpu: bool, comfyui_args: str = "") -> None:
 
     if not (comfy_dir / "main.py").is_file():
         base = (f"; {comfy_dir} looks like a ComfyUI --base-directory: pass --comfyui with ComfyUI's own folder and "
-                f"--comfyui-args=\"--base-directory {comfy_dir}\"" if is_base_directory(comfy_dir) else "")
+                f"--comfyui-args=\"--base-directory {shlex.quote(str(comfy_dir))}\"" if is_base_directory(comfy_dir)
+                else "")
         raise PrecompileError(f"no ComfyUI at {comfy_dir} (no main.py); pass --comfyui DIR or set COMFYUI_DIR{base}")
 
     try:
@@ -156,6 +158,10 @@ def _precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int
     policy = device_policy(device)
     if not policy.allows("compile"):  # the nodes would run eagerly: nothing to put in the cache
         raise PrecompileError(f"nothing to precompile: on {device} {policy.explain('compile')}")
+    cache = COMPILE_CACHE.environment(device.type)
+    if not cache.check_usable():  # compiling would warm nothing that outlives this process: an image build's error
+        raise PrecompileError(f"the compile cache at {cache.dir} cannot be used ({cache.problem}), so nothing "
+                              "would be kept: set ACCEL_CACHE_DIR to a folder of your own that you can write to")
     patcher = load_model(model_name)
     compiled = compile_model(patcher, options)
     # the background compile, whose code saves kinds whole, compiles repeated blocks only: a whole model's graphs
@@ -184,6 +190,9 @@ def _precompile(model_name: str, sizes: list[tuple[int, int]], batches: list[int
     compiled_seconds = time.perf_counter() - start
     saved = {"whole model": "not saved whole (the background compile saves repeated blocks only); torch's caches "
                             "hold its graphs"} if options.whole_model else save_whole(recorded.values())
+    if not cache.usable:  # the disk filled up meanwhile: what compiled is in torch's temporary cache only
+        raise PrecompileError(f"the compile cache at {cache.dir} stopped keeping what compiled ({cache.problem}): "
+                              "free some space there, or set ACCEL_CACHE_DIR to a disk with room, and run again")
     return {"model": model_name, "sizes": [f"{w}x{h}" for w, h in sizes], "batches": batches,
             "seconds": round(compiled_seconds, 1), "kinds": len(stats["kinds"]),
             "compiles": stats["totals"]["compiles"], "disk_cache": stats["totals"]["disk_cache"],

@@ -13,6 +13,7 @@ the test's own:
 - a damaged environment fingerprint is said by `cache info` and the web UI's panel (whose Clear button comes with
   that answer), left out of an export, and written again at the environment's next use;
 - a cache cap that is not a finite number (ACCEL_CACHE_MAX_GB=inf is no cap) never fails the size check;
+- the cache commands meet a damaged file or a path they cannot use with what to do, and lose nothing;
 - a precompiled function file of another format (an older pack's) counts as none: the kind goes to a child, as
   one without any, rather than load through Dynamo in a prompt;
 - a damaged background job (its job.pkl) fails that job alone: the child says why in the job's done file and
@@ -150,6 +151,56 @@ def test_a_cache_cap_of_inf_nan_or_a_word_never_fails_the_size_check(accel_pack,
         said = [r.getMessage() for r in caplog.records if "ACCEL_CACHE_MAX_GB" in r.getMessage()]
         assert (said == []) if value == "inf" else (len(said) == 1 and "using 10" in said[0]), (value, said)
     assert cache.dir.is_dir() and cache.stats["evicted"] == 0, cache.stats
+
+
+def test_the_cache_commands_meet_a_damaged_file_or_an_unusable_path_with_what_to_do(accel_pack, tmp_path,
+                                                                                     monkeypatch, capsys):
+    """`python -m accel cache`, each case found by a review:
+    - a damaged findings file on the exporting machine (the pack reads it as none) is left out of the export,
+      which imports: before, import refused the whole archive for it;
+    - an archive with a byte changed is refused as damaged, nothing imported: before, a BadZipFile traceback;
+    - an export to a path it cannot make, and an import of a file that is not there, name the path and what to
+      do: before, a traceback, and "not a compile cache";
+    - --comfyui after the command is ComfyUI's folder: before, argparse refused it there."""
+    import importlib
+    import zipfile
+
+    store = importlib.import_module(accel_pack.__name__ + ".accel.cache.store")
+    cli = importlib.import_module(accel_pack.__name__ + ".accel.__main__")
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cache"))
+    env = store.EnvironmentCache(tmp_path / "cache", "cpu")
+    assert env.check_usable()
+    (env.dir / store.SHARES_FILE).write_text('{"kind-a": 0.2, "kind-')  # cut short
+    (env.dir / store.IN_PIECES_FILE).write_text("{}")
+    archive = tmp_path / "cache.zip"
+    assert cli.main(["cache", "export", str(archive)]) == 0
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "imported"))
+    assert cli.main(["cache", "import", str(archive)]) == 0, capsys.readouterr().err
+    assert "exported 1 files of 1 environments" in capsys.readouterr().out  # the findings file that was whole
+    assert not (tmp_path / "imported" / env.dir.name / store.SHARES_FILE).exists()
+
+    with zipfile.ZipFile(archive) as opened:  # one byte of the findings file's data changed: its CRC fails
+        entry = opened.getinfo(f"{env.dir.name}/{store.IN_PIECES_FILE}")
+    data = bytearray(archive.read_bytes())
+    data[entry.header_offset + 30 + len(entry.filename.encode()) + len(entry.extra)] ^= 0xFF
+    damaged = tmp_path / "damaged.zip"
+    damaged.write_bytes(bytes(data))
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "from-damaged"))
+    assert cli.main(["cache", "import", str(damaged)]) == 2
+    said = capsys.readouterr().err
+    assert "is damaged or cut short" in said and "Nothing was imported" in said, said
+    assert not (tmp_path / "from-damaged").exists()
+
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cache"))
+    assert cli.main(["cache", "export", str(tmp_path / "a-file" / "out.zip")]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith(f"error: cannot use {tmp_path / 'a-file'}") and "permissions" in said, said
+    assert cli.main(["cache", "import", str(tmp_path / "missing.zip")]) == 2
+    assert "missing.zip does not exist" in capsys.readouterr().err
+    monkeypatch.delenv("ACCEL_CACHE_DIR")
+    assert cli.main(["cache", "info", "--comfyui", str(tmp_path / "nowhere")]) == 2
+    assert f"no ComfyUI at {tmp_path / 'nowhere'}" in capsys.readouterr().err
 
 
 def test_a_precompiled_file_of_another_format_counts_as_none(accel_pack, tmp_path):

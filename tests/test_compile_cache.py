@@ -188,6 +188,19 @@ def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_pat
     assert served, [(k["kind"], k["precompiled"], k["eager_calls"]) for k in stats["kinds"]]
 
 
+def test_precompile_refuses_a_cache_it_could_keep_nothing_in(tmp_path):
+    """ACCEL_CACHE_DIR below a file (as below a folder it may not write, or one others may write): precompile
+    names the folder and ACCEL_CACHE_DIR and exits 2, before it loads the model. Before, it compiled every size
+    for minutes, kept nothing and exited 0 (found by a review): an image build warmed nothing, unseen."""
+    (tmp_path / "a-file").write_text("")
+    env = {**os.environ, "ACCEL_CACHE_DIR": str(tmp_path / "a-file" / "cache"), "COMFYUI_DIR": str(comfyui_dir())}
+    proc = subprocess.run([sys.executable, "-m", "accel", "precompile", "--model", SMALL, "--sizes", "64x64"],
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"the compile cache at {tmp_path / 'a-file' / 'cache'}" in proc.stderr and "ACCEL_CACHE_DIR" in \
+        proc.stderr and "model_type" not in proc.stderr, proc.stderr[-3000:]  # ComfyUI says it when it loads one
+
+
 def test_precompile_names_a_server_flag_comfyui_does_not_take(tmp_path):
     """--comfyui-args goes through ComfyUI's own parser: a flag it lacks, or a value it refuses, is an error that
     names it, before anything is loaded or written."""

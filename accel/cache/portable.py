@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
+import zlib
 from pathlib import Path
 
 from .location import environment_id, fingerprint
@@ -59,7 +60,8 @@ def _write_archive(root: Path, tmp: Path, manifest: dict) -> None:
                     _add(archive, root, path, files, hashes)  # <env id>/inductor/...
             for findings in (env_dir / name for name in FINDINGS_FILES):
                 if findings.is_file():  # auto mode decides each kind as on the exporting machine
-                    _add(archive, root, findings, files, hashes)
+                    # a damaged one (the pack reads it as none, and measures again) is left out: import refuses it
+                    _add(archive, root, findings, files, hashes, check=_findings_table)
             manifest["environments"].append({"env_id": env_dir.name, "files": files, "sha256": hashes,
                                              "fingerprint": fingerprint})
         archive.writestr("manifest.json", json.dumps(manifest, indent=1))
@@ -81,30 +83,31 @@ def _add(archive: zipfile.ZipFile, root: Path, path: Path, files: list, hashes: 
     hashes[name] = hashlib.sha256(data).hexdigest()
 
 
+def _findings_table(data: bytes) -> None:
+    if not isinstance(json.loads(data), dict):
+        raise ValueError("not a table of findings")
+
+
+# What a damaged or truncated archive raises while it is read (a bad CRC, a cut stream, a manifest of another shape)
+DAMAGED = (zipfile.BadZipFile, zlib.error, EOFError, KeyError, TypeError, AttributeError)
+
+
 def import_cache(root: Path, source: Path, device_types: tuple[str, ...]) -> list[str]:
     """Add the artifacts in `source` whose environment matches this machine. Returns one line per environment
     saying what was imported or why it was skipped; existing entries are kept."""
+    if not source.is_file():
+        raise ValueError(f"{source} {'is a folder' if source.is_dir() else 'does not exist'}: name the file "
+                         "`python -m accel cache export FILE` wrote")
     try:
         archive = zipfile.ZipFile(source)
     except (OSError, zipfile.BadZipFile) as err:
         raise ValueError(f"{source} is not a compile cache exported by `python -m accel cache export` ({err})")
     with archive:
         try:
-            manifest = json.loads(archive.read("manifest.json"))
-        except KeyError:
-            raise ValueError(f"{source} has no manifest.json: it was not written by `python -m accel cache export`")
-        if manifest.get("format") not in READABLE:
-            raise ValueError(f"{source} is format {manifest.get('format')!r}; this pack reads {FORMAT!r}")
-        here = {environment_id(found): found for found in (fingerprint(t) for t in device_types)}
-        report, wanted = [], []
-        for env in manifest["environments"]:
-            if env["env_id"] not in here:
-                report.append(f"skipped {env['env_id']}: built for {_describe(env['fingerprint'])}, this machine is "
-                              + " / ".join(_describe(f) for f in here.values()))
-                continue
-            for name in env["files"]:
-                _check_entry(archive, source, env, name, manifest["format"] == FORMAT)
-            wanted.append(env)
+            wanted, report = _checked(archive, source, device_types)
+        except DAMAGED as err:
+            raise ValueError(f"{source} is damaged or cut short ({type(err).__name__}: {err}); export it again. "
+                             "Nothing was imported.") from None
         for env in wanted:  # the whole archive checked: now written
             write_atomic(root / env["env_id"] / "fingerprint.json", json.dumps(env["fingerprint"], indent=1).encode())
             imported = 0
@@ -120,6 +123,30 @@ def import_cache(root: Path, source: Path, device_types: tuple[str, ...]) -> lis
             report.append(f"imported {imported} new files for {env['env_id']} "
                           f"({len(env['files']) - imported} already present)")
         return report
+
+
+def _checked(archive: zipfile.ZipFile, source: Path, device_types: tuple[str, ...]) -> tuple[list, list]:
+    """The archive's environments for this machine, every entry of theirs checked (_check_entry), and the report
+    lines of those skipped; before anything is written."""
+    try:
+        manifest = json.loads(archive.read("manifest.json"))
+    except KeyError:
+        raise ValueError(f"{source} has no manifest.json: it was not written by `python -m accel cache export`")
+    except ValueError as err:
+        raise ValueError(f"{source}: its manifest.json is damaged ({err}); export it again. Nothing was imported.")
+    if manifest.get("format") not in READABLE:
+        raise ValueError(f"{source} is format {manifest.get('format')!r}; this pack reads {FORMAT!r}")
+    here = {environment_id(found): found for found in (fingerprint(t) for t in device_types)}
+    report, wanted = [], []
+    for env in manifest["environments"]:
+        if env["env_id"] not in here:
+            report.append(f"skipped {env['env_id']}: built for {_describe(env['fingerprint'])}, this machine is "
+                          + " / ".join(_describe(f) for f in here.values()))
+            continue
+        for name in env["files"]:
+            _check_entry(archive, source, env, name, manifest["format"] == FORMAT)
+        wanted.append(env)
+    return wanted, report
 
 
 def _check_entry(archive: zipfile.ZipFile, source: Path, env: dict, name: str, hashed: bool) -> None:
