@@ -115,19 +115,25 @@ def test_precompiled_functions_load_only_when_they_verify(store, tmp_path, caplo
 
 def test_job_folders_of_ended_processes_are_swept(accel_pack, tmp_path):
     """A ComfyUI killed while its background child compiled leaves the job's folder in the cache; the next
-    process's first job deletes the folders of processes that are gone, and only those."""
+    process's first job deletes the folders of processes that are gone, and only those. A folder made before the
+    live process of its pid started is an earlier process's (a container started again gives ComfyUI the same
+    pid): swept too (before, kept forever)."""
+    import os
     import subprocess
+    import time
 
     folders = sys.modules[accel_pack.__name__ + ".accel.compile.background.job_folders"]
     ended = subprocess.Popen(["true"])
     ended.wait()
     jobs = tmp_path / "jobs"
     host = folders.folder_name("job").split("-")[1]
+    a_day_ago = time.time_ns() - 86400 * 10**9
     names = [f"job-{host}-{ended.pid}-1", f"worker-{host}-{ended.pid}-2",  # gone: swept
-             folders.folder_name("job"), f"worker-{host}-1-4",  # this process's, a live process's
+             f"job-{host}-{os.getpid()}-{a_day_ago}", f"worker-{host}-1-4",  # made before their pid's process
+             folders.folder_name("job"), f"worker-{host}-1-{time.time_ns()}",  # this process's, a live process's
              f"job-another.host-{ended.pid}-5", "1234-5", "notes"]  # another host's (its own pids), strangers
     for name in names:
         (jobs / name).mkdir(parents=True)
         (jobs / name / "job.pkl").write_bytes(b"")
-    assert sorted(folders.sweep_stale_jobs(jobs)) == sorted(names[:2])
-    assert sorted(p.name for p in jobs.iterdir()) == sorted(names[2:])
+    assert sorted(folders.sweep_stale_jobs(jobs)) == sorted(names[:4])
+    assert sorted(p.name for p in jobs.iterdir()) == sorted(names[4:])

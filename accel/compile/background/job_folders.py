@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 log = logging.getLogger("comfyui_accel")
+CLOCK_SLACK_S = 600.0  # _made_before_start
 
 
 def folder_name(kind: str) -> str:
@@ -26,8 +27,10 @@ _HOST = "".join(c if c.isalnum() or c in "._" else "_" for c in platform.node())
 def sweep_stale_jobs(jobs_dir: Path) -> list[str]:
     """Delete the job and child folders that processes of this host which are gone left behind (a ComfyUI killed,
     say, while its child compiled). A live process's folders are kept, a failed job's log included, and so are
-    other hosts' and any folder not named by folder_name. Returns the names deleted. POSIX only (on Windows
-    os.kill(pid, 0) would end the process, not probe it)."""
+    other hosts' and any folder not named by folder_name. A folder made (well) before the live process of its pid
+    started is an earlier process's: a container started again gives ComfyUI the same small pid every time, and
+    those folders stayed forever. Returns the names deleted. POSIX only (on Windows os.kill(pid, 0) would end
+    the process, not probe it)."""
     deleted = []
     if os.name != "posix":
         return deleted
@@ -37,7 +40,7 @@ def sweep_stale_jobs(jobs_dir: Path) -> list[str]:
             if len(parts) != 4 or parts[0] not in ("job", "worker") or parts[1] != _HOST or not parts[2].isdigit():
                 continue
             pid = int(parts[2])
-            if pid == os.getpid() or _process_alive(pid):
+            if (pid == os.getpid() or _process_alive(pid)) and not _made_before_start(pid, parts[3]):
                 continue
             shutil.rmtree(path, ignore_errors=True)
             deleted.append(path.name)
@@ -45,6 +48,24 @@ def sweep_stale_jobs(jobs_dir: Path) -> list[str]:
         log.info("[Accel] Compile Model: removed %d background-compile folders of ComfyUI processes that ended "
                  "before their jobs did (%s)", len(deleted), jobs_dir)
     return deleted
+
+
+def _made_before_start(pid: int, made_ns: str) -> bool:
+    """Whether a folder named with `made_ns` (folder_name's time, the wall clock) was made before the process
+    `pid` now has started (by /proc, from the boot time: False where it cannot tell). Ten minutes of slack: the
+    wall clock may have been set since the boot, and a live job's folder must never go (an earlier process's
+    goes at a later start)."""
+    if not made_ns.isdigit():
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, after the name
+        with open("/proc/stat") as system:
+            boot = next(int(line.split()[1]) for line in system if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+    started = boot + started_ticks / os.sysconf("SC_CLK_TCK")
+    return int(made_ns) / 1e9 < started - CLOCK_SLACK_S
 
 
 def _process_alive(pid: int) -> bool:
