@@ -137,3 +137,17 @@ def test_job_folders_of_ended_processes_are_swept(accel_pack, tmp_path):
         (jobs / name / "job.pkl").write_bytes(b"")
     assert sorted(folders.sweep_stale_jobs(jobs)) == sorted(names[:4])
     assert sorted(p.name for p in jobs.iterdir()) == sorted(names[4:])
+
+
+def test_a_cpu_environment_names_its_vector_instructions(accel_pack):
+    """A CPU cache environment is one CPU model with one set of vector instructions: a VM's "AMD EPYC" may have
+    AVX-512 or not, and C++ kernels built with it (a precompiled function's) would stop a process on a CPU without
+    it with an illegal instruction. Before, the model name alone told them apart."""
+    location = sys.modules[accel_pack.__name__ + ".accel.cache.location"]
+    with open("/proc/cpuinfo") as info:
+        flags = set(next(line for line in info if line.startswith(("flags", "Features"))).split(":", 1)[1].split())
+    found = location.fingerprint("cpu")
+    assert found["cpu_features"] and found["cpu_features"].split() == [
+        feature for feature in location.CPU_FEATURES if feature in flags], found
+    fewer = {**found, "cpu_features": " ".join(found["cpu_features"].split()[:-1])}
+    assert location.environment_id(fewer) != location.environment_id(found)

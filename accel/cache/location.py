@@ -2,8 +2,8 @@
 
 The cache belongs to the ComfyUI install (`<ComfyUI base directory>/accel_cache`), not to torch's default under
 /tmp that a reboot or a fresh container empties. `ACCEL_CACHE_DIR` overrides it. Inside, every environment
-(torch version, device, GPU, driver) gets a directory of its own, so a torch, driver or GPU change misses cleanly
-instead of loading kernels built for something else.
+(torch version, device, GPU, driver; on the CPU its model and vector instructions) gets a directory of its own, so
+a torch, driver, GPU or CPU change misses cleanly instead of loading kernels built for something else.
 """
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ from pathlib import Path
 
 ENV_VAR = "ACCEL_CACHE_DIR"
 DIR_NAME = "accel_cache"
+# The vector instructions inductor's C++ kernels may be built for (torch's cpu_vec_isa picks among them), by their
+# /proc/cpuinfo names (x86's flags, Arm's Features). Two CPUs of one model name (a VM's "AMD EPYC") may differ
+# there, and a kernel built for one would stop a process on the other with an illegal instruction.
+CPU_FEATURES = ("fma", "f16c", "avx2", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2", "bf16", "i8mm")
 
 
 def cache_root() -> Path:
@@ -37,6 +42,7 @@ def fingerprint(device_type: str) -> dict[str, str]:
              "device": device_type}
     if device_type == "cpu":
         found["cpu"] = _cpu_model()  # inductor's C++ kernels are built for this CPU's vector instructions
+        found["cpu_features"] = _cpu_features()
     if device_type == "cuda" and torch.cuda.is_available():
         index = torch.cuda.current_device()
         found["gpu"] = torch.cuda.get_device_name(index)
@@ -50,6 +56,18 @@ def fingerprint(device_type: str) -> dict[str, str]:
 def environment_id(found: dict[str, str]) -> str:
     digest = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:12]
     return f"{found['device']}-{digest}"
+
+
+def _cpu_features() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith(("flags", "Features")):
+                    present = set(line.split(":", 1)[1].split())
+                    return " ".join(feature for feature in CPU_FEATURES if feature in present)
+    except OSError:
+        pass
+    return "unknown"
 
 
 def _cpu_model() -> str:
