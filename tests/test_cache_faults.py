@@ -13,7 +13,8 @@ the test's own:
 - a damaged environment fingerprint is said by `cache info` and the web UI's panel (whose Clear button comes with
   that answer), left out of an export, and written again at the environment's next use;
 - a cache cap that is not a finite number (ACCEL_CACHE_MAX_GB=inf is no cap) never fails the size check;
-- the cache commands meet a damaged file or a path they cannot use with what to do, and lose nothing;
+- the cache commands meet a damaged file or a path they cannot use with what to do, and lose nothing; an
+  environment another process's `cache clear` removed is listed again at this process's next save;
 - a precompiled function file of another format (an older pack's) counts as none: the kind goes to a child, as
   one without any, rather than load through Dynamo in a prompt;
 - a damaged background job (its job.pkl) fails that job alone: the child says why in the job's done file and
@@ -201,6 +202,19 @@ def test_the_cache_commands_meet_a_damaged_file_or_an_unusable_path_with_what_to
     monkeypatch.delenv("ACCEL_CACHE_DIR")
     assert cli.main(["cache", "info", "--comfyui", str(tmp_path / "nowhere")]) == 2
     assert f"no ComfyUI at {tmp_path / 'nowhere'}" in capsys.readouterr().err
+
+
+def test_an_environment_cleared_by_another_process_is_listed_again_at_the_next_save(accel_pack, tmp_path):
+    """`python -m accel cache clear` while a ComfyUI runs removes the server's environment; the server's next save
+    writes its fingerprint.json again, so `cache info`, export and the next clear see what it saves. Before, they
+    passed over that folder until the server restarted (found by a review)."""
+    store = sys.modules[accel_pack.__name__ + ".accel.cache.store"]
+    env = store.EnvironmentCache(tmp_path / "cache", "cpu")
+    assert env.check_usable()
+    shutil.rmtree(env.dir)  # what `cache clear` in another process does
+    env.save_precompiled("key-a", "0" * 20, b"a function", "a kind", {})
+    (listed,) = store.disk_info(tmp_path / "cache")["environments"]
+    assert listed["env_id"] == env.dir.name and store.read_fingerprint(env.dir) == env.fingerprint, listed
 
 
 def test_a_precompiled_file_of_another_format_counts_as_none(accel_pack, tmp_path):

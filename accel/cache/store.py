@@ -252,6 +252,14 @@ class EnvironmentCache:
                                 "ACCEL_CACHE_DIR to a writable directory.", self.dir, self.problem)
         return self.usable
 
+    def _keep_fingerprint(self) -> None:
+        """fingerprint.json again after a save, where `cache clear` in another process removed this environment
+        meanwhile: without it `cache info`, export and clear passed over the folder this process fills again,
+        until it restarted."""
+        path = self.dir / "fingerprint.json"
+        if not path.exists():
+            write_atomic(path, json.dumps(self.fingerprint, indent=1).encode())
+
     def stop_persisting(self, why: str) -> None:
         """The disk under this cache ran out of room during a compile: the rest of this process compiles in torch's
         temporary cache, and what the cache holds stays as it is, for the processes after this one. Warned once."""
@@ -383,6 +391,7 @@ class EnvironmentCache:
             if not (key_dir / name).exists():
                 write_atomic(key_dir / name, data)
                 self.stats["artifacts_saved"] += 1
+                self._keep_fingerprint()
             _touch(key_dir / "last_used")
         except OSError as err:
             log.warning("[Accel] compile cache: could not save the artifacts of %s (%s); the next process will "
@@ -458,6 +467,7 @@ class EnvironmentCache:
             if not path.exists():
                 write_atomic(path, data)
                 self.stats["precompiled_saved"] += 1
+                self._keep_fingerprint()
         except OSError as err:
             log.warning("[Accel] compile cache: could not save a precompiled function of %s (%s); the next process "
                         "loads it through Dynamo instead.", label, err)
