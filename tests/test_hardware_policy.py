@@ -84,41 +84,47 @@ def test_disable_compile_switch_runs_eagerly_and_correctly(accel_pack, comfy_dir
 
 
 # What a background child does to keep the sampler's CPU, where the platform allows it (Linux's idle scheduling
-# class, a niceness elsewhere, nothing on Windows), in a process of its own: it changes the process's priority.
+# class, a niceness elsewhere, nothing on Windows): each case in a process forked for it (the priority it sets
+# cannot be undone), from one that imported the child's module once.
 CHILD_PRIORITY = """
-import logging, os, sys
+import json, logging, os, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 from accel.compile.background import child
 nice = os.nice
-if sys.argv[1] == "windows":  # neither the idle class nor os.nice, as on Windows
-    del os.SCHED_IDLE, os.nice
-child._lower_priority()
-print("policy", os.sched_getscheduler(0), "nice", nice(0))
+for case, value in json.loads(sys.argv[1]):
+    sys.stdout.flush(); sys.stderr.flush()
+    if os.fork() == 0:
+        os.environ["ACCEL_BACKGROUND_NICE"] = value
+        if case == "windows":  # neither the idle class nor os.nice, as on Windows
+            del os.SCHED_IDLE, os.nice
+        print(case, "said:", end=" ", flush=True)
+        child._lower_priority()
+        print("policy", os.sched_getscheduler(0), "nice", nice(0), flush=True)
+        os._exit(0)
+    os.wait()
 """
+PRIORITY_CASES = {"unset": ("", "policy 5 nice 0"), "a word": ("ten", "policy 5 nice 0"),
+                  "a number": ("7", "policy 0 nice 7"), "windows": ("", "policy 0 nice 0")}
 
 
-@pytest.mark.parametrize("nice, expected", [("", "policy 5 nice 0"), ("ten", "policy 5 nice 0"),
-                                            ("7", "policy 0 nice 7")])
-def test_the_background_childs_priority_and_its_setting(nice, expected):
+def test_the_background_childs_priority_and_its_setting():
     """ACCEL_BACKGROUND_NICE unset or empty: the idle scheduling class (SCHED_IDLE, 5); a whole number: that
     niceness; anything else is said in the log and the idle class kept (before, "ten" or an empty value left the
     child at full priority, unseen). Without either (Windows), the child starts at its normal priority (before,
     os.nice's absence stopped every background compile there)."""
-    import os
+    import json
     import subprocess
     import sys
 
     from tools.comfy_env import ROOT
 
-    env = {**os.environ, "ACCEL_BACKGROUND_NICE": nice}
-    proc = subprocess.run([sys.executable, "-c", CHILD_PRIORITY, "linux"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120, check=True)
-    assert proc.stdout.strip() == expected, (proc.stdout, proc.stderr)
-    assert ("is not a whole number" in proc.stderr) == (nice == "ten"), proc.stderr
-    if nice == "":
-        windows = subprocess.run([sys.executable, "-c", CHILD_PRIORITY, "windows"], cwd=ROOT, env=env,
-                                 capture_output=True, text=True, timeout=120)
-        assert windows.returncode == 0 and windows.stdout.strip() == "policy 0 nice 0", windows.stderr[-2000:]
+    cases = [(case, value) for case, (value, _) in PRIORITY_CASES.items()]
+    proc = subprocess.run([sys.executable, "-c", CHILD_PRIORITY, json.dumps(cases)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = dict(line.split(" said: ", 1) for line in proc.stdout.splitlines())
+    assert seen == {case: expected for case, (_, expected) in PRIORITY_CASES.items()}, (proc.stdout, proc.stderr)
+    assert proc.stderr.count("is not a whole number") == 1 and "'ten'" in proc.stderr, proc.stderr
 
 
 def test_the_panels_thread_report_needs_no_proc_nor_sysconf(accel_pack, monkeypatch):
