@@ -31,7 +31,8 @@ BLOCK_PATCH_KEYS = ("attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_o
 # from it) and one compiled here before the swap alike. So a block call under a swap runs eagerly, as one whose
 # options carry another node's attention patch.
 ATTENTION_GLOBALS = ("optimized_attention", "optimized_attention_masked")
-_picked: tuple = ()  # comfy.ldm.modules.attention's functions at the first check in the process
+ATTENTION_MODULE = "comfy.ldm.modules.attention"  # where ComfyUI's own attention functions live
+_picked: tuple = ()  # ComfyUI's picks: ATTENTION_MODULE's two globals at the first check that finds its own there
 _attention_holders: list = []  # (module, name) of every such global in comfy.ldm's modules
 _attention_seen: tuple = (-1, (), False)  # (len(sys.modules) at the scan, the objects in place, swapped)
 
@@ -204,14 +205,17 @@ def block_safe_options(transformer_options: dict) -> dict | None:
 
 
 def attention_swapped() -> bool:
-    """True while another node holds one of ComfyUI's attention globals (ATTENTION_GLOBALS) in place of the
-    functions comfy.ldm.modules.attention held at the first check in this process (ComfyUI's picks, which the
-    child that compiles saw too). Asked at every block call: a getattr for each of a few dozen globals."""
+    """True while another node holds one of ComfyUI's attention globals (ATTENTION_GLOBALS): a function that is
+    not ComfyUI's own, or not one of its picks (the child that compiles saw those). The picks are taken at the
+    first check that finds ComfyUI's own functions in place, so a node's swap in effect then (a skip-guidance
+    node's, for its one model call) is never taken for them. Asked at every block call: a getattr for each of a
+    few dozen globals."""
     global _picked, _attention_holders, _attention_seen
     if not _picked:
-        import comfy.ldm.modules.attention as attention
-
-        _picked = tuple(getattr(attention, name) for name in ATTENTION_GLOBALS)
+        attention = sys.modules.get(ATTENTION_MODULE)
+        main = tuple(getattr(attention, name, None) for name in ATTENTION_GLOBALS)
+        if attention is not None and all(_comfyui_own(f) for f in main):
+            _picked, _attention_seen = main, (-1, (), False)
     modules_then, seen, swapped = _attention_seen
     if modules_then != len(sys.modules):  # a module imported since may hold a copy
         _attention_holders = [(module, name) for module_name, module in list(sys.modules.items())
@@ -220,9 +224,13 @@ def attention_swapped() -> bool:
         seen = None
     current = tuple(getattr(module, name, None) for module, name in _attention_holders)
     if seen is None or len(seen) != len(current) or any(a is not b for a, b in zip(current, seen)):
-        swapped = any(not any(f is p for p in _picked) for f in current)
+        swapped = any(not _comfyui_own(f) or (_picked and not any(f is p for p in _picked)) for f in current)
         _attention_seen = (len(sys.modules), current, swapped)
     return swapped
+
+
+def _comfyui_own(function) -> bool:
+    return getattr(function, "__module__", None) == ATTENTION_MODULE
 
 
 def cannot_compile_reason(module: torch.nn.Module, device: torch.device) -> str | None:
