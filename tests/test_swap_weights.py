@@ -161,6 +161,34 @@ def test_mismatched_architecture_is_refused_and_the_model_is_unchanged(ws, compi
     assert_weights(compiled, eager["weights_a"], "after a refused swap")
 
 
+def test_a_checkpoint_that_samples_otherwise_is_refused(ws, comfy_nodes, tmp_path):
+    """A v-prediction SDXL checkpoint (its "v_pred" key, as NoobAI-XL v-pred's) has an eps SDXL's keys and shapes,
+    but ComfyUI's checkpoint loader samples it as v-prediction: swapped into an eps model it gave another picture
+    than the file itself (found by a review: up to 529 off, outputs of 38). Refused, naming both; the same
+    weights without the key are taken."""
+    import comfy.utils
+    from safetensors.torch import save_file
+
+    (model,) = comfy_nodes.UNETLoader().load_unet("accel-tiny-sdxl.safetensors", "default")
+    prefix = "model.diffusion_model."  # as a checkpoint holds them (the generated file may already)
+    state = {(k if k.startswith(prefix) else prefix + k): v.contiguous()
+             for k, v in comfy.utils.load_torch_file(file_path("accel-tiny-sdxl.safetensors")).items()}
+    save_file(state, str(tmp_path / "eps.safetensors"))
+    save_file({**state, "v_pred": torch.tensor([])}, str(tmp_path / "vpred.safetensors"))
+    ws.swap_weights(model, ws.WeightsFile(str(tmp_path / "eps.safetensors")))
+    with pytest.raises(ValueError) as err:
+        ws.swap_weights(model, ws.WeightsFile(str(tmp_path / "vpred.safetensors")))
+    assert str(err.value).startswith("Swap Weights: vpred.safetensors samples as V_PREDICTION (v_pred in the "
+                                     "file) and this model as EPS"), err.value
+    assert "Load Checkpoint" in str(err.value)
+    import comfy.sd  # the same file loaded by ComfyUI's checkpoint loader, as a weights_model: refused too
+
+    vpred = comfy.sd.load_checkpoint_guess_config(str(tmp_path / "vpred.safetensors"), output_vae=False,
+                                                  output_clip=False)[0]
+    with pytest.raises(ValueError, match="samples as V_PREDICTION and this model as EPS"):
+        ws.swap_from_model(model, vpred)
+
+
 class ProgressHook:
     """ComfyUI's global progress hook (what the server uses to report progress) running `action` at the swap's first
     progress report, which comes after its first tensor is written."""

@@ -56,6 +56,12 @@ def read_header(f, path: str) -> tuple[dict, int]:
     return header, 8 + size
 
 
+# The keys beside a checkpoint's weights from which ComfyUI's checkpoint loader takes how the model samples
+# (supported_models' model_type): v-prediction and zero terminal SNR (NoobAI-XL v-pred and the like), EDM
+# v-prediction's sigmas, Playground 2.5's EDM.
+MODEL_TYPE_MARKERS = ("v_pred", "ztsnr", "edm_vpred.sigma_max", "edm_vpred.sigma_min", "edm_mean", "edm_std")
+
+
 def model_keys_for(file_keys: list[str]) -> dict[str, str]:
     """file key -> model key, stripping the checkpoint prefix the way ComfyUI's loaders do (a checkpoint's
     "model.diffusion_model.", or none for a diffusion-model file)."""
@@ -84,6 +90,8 @@ class WeightsFile:
         self.id = ("file",) + file_identity(path)
         header, data_start = read_header(self.handle, path)
         entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        # a checkpoint's keys beside its weights that tell ComfyUI's loader how to sample it (validate.py)
+        self.model_type_markers = sorted(set(entries) & set(MODEL_TYPE_MARKERS))
         self.infos: dict[str, TensorInfo] = {}
         for file_key, model_key in model_keys_for(list(entries)).items():
             entry = entries[file_key]

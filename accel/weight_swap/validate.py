@@ -25,6 +25,43 @@ def _first(keys, describe=str) -> str:
     return ", ".join(describe(k) for k in keys[:SHOW]) + more
 
 
+def _check_sampling(source, patcher) -> None:
+    """Raise ValueError when the file's own keys tell ComfyUI's checkpoint loader to sample it otherwise than this
+    model samples (a v-prediction checkpoint into an eps model, zero terminal SNR, EDM): its weights here would
+    give another picture than the file itself, as Swap Weights copies weights only. Asked of the model's own
+    config (a copy: ComfyUI's model_type writes the sigmas it reads into the config's sampling settings). A
+    weights_model that samples otherwise is refused the same way."""
+    model = patcher.model
+    other = getattr(source, "patcher", None)  # a weights_model: how its own loader made it sample
+    if other is not None and other.model.model_type != model.model_type:
+        raise ValueError(f"Swap Weights: {source.label} samples as {other.model.model_type.name} and this model as "
+                         f"{model.model_type.name}: its weights in this model would give another picture than it "
+                         "gives itself. Sample that model itself instead.")
+    markers = getattr(source, "model_type_markers", ())
+    if not markers:
+        return
+    import copy
+
+    from safetensors import safe_open
+
+    config = copy.copy(model.model_config)
+    config.sampling_settings = dict(getattr(config, "sampling_settings", {}))
+    with safe_open(source.path, "pt") as found:
+        state = {key: found.get_tensor(key) for key in markers}
+    try:
+        model_type = config.model_type(state, prefix="")
+    except Exception:  # noqa: BLE001  (a family whose rule reads weights: nothing more to tell here)
+        return
+    if model_type != model.model_type or config.sampling_settings != getattr(model.model_config,
+                                                                              "sampling_settings", {}):
+        raise ValueError(
+            f"Swap Weights: {source.label} samples as {model_type.name} ({', '.join(markers)} in the file) and "
+            f"this model as {model.model_type.name}"
+            + ("" if model_type != model.model_type else " with other sampling settings")
+            + ": its weights in this model would give another picture than the file itself. Load it with its "
+            "own loader (Load Checkpoint) instead.")
+
+
 def check_fits(source, patcher) -> None:
     """Raise ValueError unless `source` has exactly the model's parameters, with the same shapes."""
     shapes = model_shapes(patcher)
@@ -50,6 +87,7 @@ def check_fits(source, patcher) -> None:
             f"{len(params)} weights): " + "; ".join(problems) + ". Pick a file of the same architecture as the "
             "model (the same model family and size), or load the other file with its own loader instead.")
     source.check_readable()
+    _check_sampling(source, patcher)
     # Quantized or otherwise converted weights are stored through their op's set/convert functions; a plain copy
     # would write them wrongly.
     from comfy.model_patcher import get_key_weight
