@@ -139,6 +139,22 @@ def test_job_folders_of_ended_processes_are_swept(accel_pack, tmp_path):
     assert sorted(p.name for p in jobs.iterdir()) == sorted(names[4:])
 
 
+def test_a_retired_child_is_waited_for(accel_pack):
+    """A background child that retires (no more jobs: its stdin closed) ends and is waited for. Before, nothing
+    held it once retired, and it stayed a zombie until ComfyUI started another process (found by a review)."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    worker = sys.modules[accel_pack.__name__ + ".accel.compile.background.worker"]
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    worker.Worker(child, "a set-up", Path("unused")).retire()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child.pid}").exists():  # a zombie keeps its entry until it is waited for
+        assert time.monotonic() < deadline, Path(f"/proc/{child.pid}/stat").read_text()
+        time.sleep(0.05)
+
+
 def test_a_cpu_environment_names_its_vector_instructions(accel_pack):
     """A CPU cache environment is one CPU model with one set of vector instructions: a VM's "AMD EPYC" may have
     AVX-512 or not, and C++ kernels built with it (a precompiled function's) would stop a process on a CPU without

@@ -14,6 +14,7 @@ import torch
 
 from ...cache.trust import make_private_dirs
 from ...env_settings import env_float
+from ...thread_names import start_thread
 from .job_folders import folder_name
 
 PACK_DIR = Path(__file__).resolve().parents[3]
@@ -38,9 +39,12 @@ class Worker:
         self.process.stdin.flush()
 
     def retire(self) -> None:
-        """No more jobs: the child ends when it reads the end of its stdin (after the job it has, if any)."""
+        """No more jobs: the child ends when it reads the end of its stdin (after the job it has, if any), and is
+        waited for then, in a thread of its own: nothing else holds it once retired, and an ended child nobody
+        waits for stays a zombie until ComfyUI happens to start another process."""
         with contextlib.suppress(OSError):
             self.process.stdin.close()
+        start_thread("accel-reap", self.process.wait)
 
 
 @dataclass
