@@ -49,6 +49,24 @@ def test_a_busy_process_gets_its_work_started_after_the_longest_wait(gate, monke
     assert gate.released == ["waited long enough"]
 
 
+def test_prompts_back_to_back_get_their_work_started_between_two_of_them(gate, monkeypatch):
+    """A queue of prompts: sampling runs with a busy decode between them. The longest wait is the time spent
+    outside the runs, added up over them: the work starts in a gap once the gaps add up to it. Before, the wait
+    started again at each run's end, so held work waited for the queue's end (found by a review)."""
+    monkeypatch.setenv("ACCEL_BACKGROUND_IDLE_WAIT", "1")
+    started = threading.Event()
+    gate.when_idle(started.set)
+    for _ in range(6):
+        gate.sampling_started()
+        busy_for(0.4)
+        gate.sampling_ended()
+        busy_for(0.4)  # the decode, the next prompt's set-up: busy, outside the run
+        if started.is_set():
+            break
+    assert started.is_set(), "held work never started while prompts ran back to back"
+    assert gate.released == ["waited long enough"], gate.released
+
+
 def test_someone_waiting_releases_at_once_and_each_callback_runs_once(gate):
     calls = []
     gate.sampling_started()

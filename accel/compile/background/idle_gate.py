@@ -9,9 +9,10 @@ cost the prompt nothing.
 
 "Idle" is this process's own CPU time (every thread, `time.process_time`) growing by less than a quarter of a core
 over a short window while no sampling run is in progress. What waits is released at that moment, or when
-`BackgroundCompiler.wait` asks for it, or at the latest `ACCEL_BACKGROUND_IDLE_WAIT` seconds (default 20) after
-it began to wait outside a sampling run: prompts that follow one another with no pause then get their compiled
-blocks as before (the work starts between two of them), instead of never. Work never starts inside a sampling
+`BackgroundCompiler.wait` asks for it, or at the latest once it has waited `ACCEL_BACKGROUND_IDLE_WAIT` seconds
+(default 20) outside sampling runs, added up over the runs: prompts that follow one another with no pause then get
+their compiled blocks (the work starts between two of them, once their decodes and the rest have added up to the
+wait), instead of never (the wait was counted from the last run's end, so a queue of prompts held it to its end). Work never starts inside a sampling
 run here; the sampler's OUTER_SAMPLE wrapper marks each run (patcher.py).
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ class IdleGate:
         self._waiting: list[Callable[[], None]] = []
         self._sampling = 0  # sampling runs in progress (nested samplers count each)
         self._outside_since: float | None = None  # when the wait outside a sampling run began
+        self._outside_before = 0.0  # seconds waited outside earlier sampling runs' gaps, since the work began to wait
         self._watcher: threading.Thread | None = None
         self.released: list[str] = []  # why each release happened, for stats and tests
         self.runs = 0  # sampling runs started in this process (auto mode re-checks a close call a few runs later)
@@ -61,6 +63,8 @@ class IdleGate:
         with self._lock:
             self._sampling += 1
             self.runs += 1
+            if self._outside_since is not None:
+                self._outside_before += time.monotonic() - self._outside_since
             self._outside_since = None
 
     def sampling_ended(self) -> None:
@@ -97,16 +101,16 @@ class IdleGate:
                     return
                 if self._sampling:
                     continue
-                outside = self._outside_since or now
+                waited = self._outside_before + now - (self._outside_since or now)
                 why = ("idle" if share < IDLE_SHARE
-                       else "waited long enough" if now - outside >= _max_wait() else None)
+                       else "waited long enough" if waited >= _max_wait() else None)
             if why:
                 self._release(why)
 
     def _release(self, why: str) -> None:
         with self._lock:
             waiting, self._waiting = self._waiting, []
-            self._outside_since = None
+            self._outside_since, self._outside_before = None, 0.0
         if not waiting:
             return
         self.released.append(why)
