@@ -33,8 +33,8 @@ BLOCK_PATCH_KEYS = ("attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_o
 ATTENTION_GLOBALS = ("optimized_attention", "optimized_attention_masked")
 ATTENTION_MODULE = "comfy.ldm.modules.attention"  # where ComfyUI's own attention functions live
 _picked: tuple = ()  # ComfyUI's picks: ATTENTION_MODULE's two globals at the first check that finds its own there
-_attention_holders: list = []  # (module, name) of every such global in comfy.ldm's modules
-_attention_seen: tuple = (-1, (), False)  # (len(sys.modules) at the scan, the objects in place, swapped)
+_attention_holders: list = []  # (module, name) of every such global in comfy.ldm's modules (scan_attention_holders)
+_attention_seen: tuple = (None, False)  # (the objects in place at the last check, swapped)
 
 
 @dataclass(frozen=True)
@@ -210,23 +210,32 @@ def attention_swapped() -> bool:
     first check that finds ComfyUI's own functions in place, so a node's swap in effect then (a skip-guidance
     node's, for its one model call) is never taken for them. Asked at every block call: a getattr for each of a
     few dozen globals."""
-    global _picked, _attention_holders, _attention_seen
+    global _picked, _attention_seen
     if not _picked:
         attention = sys.modules.get(ATTENTION_MODULE)
         main = tuple(getattr(attention, name, None) for name in ATTENTION_GLOBALS)
         if attention is not None and all(_comfyui_own(f) for f in main):
-            _picked, _attention_seen = main, (-1, (), False)
-    modules_then, seen, swapped = _attention_seen
-    if modules_then != len(sys.modules):  # a module imported since may hold a copy
-        _attention_holders = [(module, name) for module_name, module in list(sys.modules.items())
-                              if module is not None and module_name.startswith("comfy.ldm.")
-                              for name in ATTENTION_GLOBALS if name in vars(module)]
-        seen = None
+            _picked, _attention_seen = main, (None, False)
+    if not _attention_holders:
+        scan_attention_holders()
+    seen, swapped = _attention_seen
     current = tuple(getattr(module, name, None) for module, name in _attention_holders)
     if seen is None or len(seen) != len(current) or any(a is not b for a, b in zip(current, seen)):
         swapped = any(not _comfyui_own(f) or (_picked and not any(f is p for p in _picked)) for f in current)
-        _attention_seen = (len(sys.modules), current, swapped)
+        _attention_seen = (current, swapped)
     return swapped
+
+
+def scan_attention_holders() -> None:
+    """Find the globals attention_swapped watches: ATTENTION_GLOBALS in comfy.ldm's modules. Run when Compile
+    Model is applied (the model's family modules are imported by then: it has been loaded), not inside a model
+    call, where the scan's milliseconds (thousands of modules in a server) counted in the call's timings: the
+    profile then took a small model's blocks for too small a share to compile."""
+    global _attention_holders, _attention_seen
+    _attention_holders = [(module, name) for module_name, module in list(sys.modules.items())
+                          if module is not None and module_name.startswith("comfy.ldm.")
+                          for name in ATTENTION_GLOBALS if name in vars(module)]
+    _attention_seen = (None, False)
 
 
 def _comfyui_own(function) -> bool:

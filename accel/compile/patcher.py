@@ -21,7 +21,7 @@ import time
 from .. import telemetry
 from .auto_mode import abandon_call, finish_call, inputs_key, plan_call, start_call
 from .background import IDLE_GATE
-from .blocks import cannot_compile_reason
+from .blocks import cannot_compile_reason, scan_attention_holders
 from .dispatch import BlockDispatcher
 from .kinds import wait_for_device
 from .model_record import model_record
@@ -39,6 +39,7 @@ def compile_model(patcher, options: CompileOptions, owner: str | None = None):
 
     model = patcher.clone()
     note_owner(owner, model.model, choose=options.choose)
+    scan_attention_holders()  # now, not in a timed model call
     wrappers = comfy.patcher_extension.WrappersMP
     for kind, wrapper in ((wrappers.APPLY_MODEL, CompiledApplyModel(options)),
                           (wrappers.OUTER_SAMPLE, mark_sampling_run)):
