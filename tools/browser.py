@@ -54,7 +54,8 @@ def comfy_page(server, viewport=(1400, 900)):
             browser.close()
 
 
-# The id the frontend gives a workflow opened from an API file (1.32 and 1.49 alike): it has none of its own.
+# The id the frontend gives a workflow opened from an API file (1.32 and 1.49 alike): it has none of its own (the
+# pack names its statuses as no workflow's: nodes/common.NO_WORKFLOW_ID).
 API_WORKFLOW_ID = "00000000-0000-0000-0000-000000000000"
 SHOWN = """([types, id]) => {
     const graph = window.app.graph, nodes = graph._nodes;

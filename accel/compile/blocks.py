@@ -26,10 +26,10 @@ BLOCK_PATCH_KEYS = ("attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_o
 
 # ComfyUI's attention functions as the module globals blocks read at each call: comfy.ldm.modules.attention's two,
 # and the copies family modules import (flux.math, wan.model, qwen_image.model, ...). Other nodes swap them in
-# place: skip-guidance nodes for one model call, attention patch nodes (KJNodes' Sage attention) for a run. A
-# compiled graph keeps the function it was compiled with: a graph a child saved (torch drops the guards on globals
-# from it) and one compiled here before the swap alike. So a block call under a swap runs eagerly, as one whose
-# options carry another node's attention patch.
+# place: skip-guidance nodes for one model call, attention patch nodes (KJNodes' Sage attention) for a run. A graph
+# a child saved keeps the function it was compiled with (torch drops the guards on globals from a saved function),
+# and one Dynamo compiled here would be compiled again at each swap (a skip-guidance node's function is new at each
+# prompt). So a block call under a swap runs eagerly, as one whose options carry another node's attention patch.
 ATTENTION_GLOBALS = ("optimized_attention", "optimized_attention_masked")
 ATTENTION_MODULE = "comfy.ldm.modules.attention"  # where ComfyUI's own attention functions live
 _picked: tuple = ()  # ComfyUI's picks: ATTENTION_MODULE's two globals at the first check that finds its own there

@@ -12,8 +12,8 @@ over a short window while no sampling run is in progress. What waits is released
 `BackgroundCompiler.wait` asks for it, or at the latest once it has waited `ACCEL_BACKGROUND_IDLE_WAIT` seconds
 (default 20) outside sampling runs, added up over the runs: prompts that follow one another with no pause then get
 their compiled blocks (the work starts between two of them, once their decodes and the rest have added up to the
-wait), instead of never (the wait was counted from the last run's end, so a queue of prompts held it to its end). Work never starts inside a sampling
-run here; the sampler's OUTER_SAMPLE wrapper marks each run (patcher.py).
+wait), instead of never (the wait was counted from the last run's end, so a queue of prompts held it to its end).
+Work never starts inside a sampling run here; the sampler's OUTER_SAMPLE wrapper marks each run (patcher.py).
 """
 from __future__ import annotations
 
