@@ -25,6 +25,8 @@ import threading
 import weakref
 from dataclasses import dataclass
 
+from .cache.recovery import must_propagate
+
 log = logging.getLogger("comfyui_accel")
 FLAG = "--disable-dynamic-vram"
 
@@ -87,9 +89,9 @@ def leave(patcher, feature: str):
     try:
         delegate = getattr(patcher, "get_non_dynamic_delegate", None)
         out = delegate() if callable(delegate) else patcher.clone(disable_dynamic=True)
-    except (KeyboardInterrupt, MemoryError):
-        raise
     except Exception as err:  # no loader to replay (a custom loader), the file gone: the model stays as it was
+        if isinstance(err, MemoryError) or must_propagate(err):
+            raise  # out of memory, or ComfyUI's Cancel: not the model's to stay dynamic over
         return patcher, f"{type(err).__name__}: {err}"
     if is_dynamic(out):  # a ComfyUI whose delegate stays dynamic: as one that cannot leave
         return patcher, "its non-dynamic copy is still dynamic"

@@ -46,7 +46,6 @@ def main() -> None:
     import comfy.patcher_extension
     import comfy.sd
     import folder_paths
-    import nodes
     import torch
     from compile_helpers import SMALL, SMALL_B, apply_model
     from torch._dynamo.utils import counters
