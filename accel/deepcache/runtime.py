@@ -26,6 +26,7 @@ import functools
 
 import torch
 
+from .. import dynamic_vram
 from . import dit_paths, unet_paths
 from .config import DeepCacheConfig, schedule_text
 from .run_state import FEATURE, RUN_KEY, ModelCall, RunState, report_run, start_run
@@ -233,11 +234,15 @@ def apply(model_patcher, config: DeepCacheConfig):
     replace patches. The input patcher is never modified."""
     diffusion_model = model_patcher.get_model_object("diffusion_model")
     if dit_paths.is_dit(diffusion_model):
-        return _apply_dit(model_patcher, diffusion_model, config)
-    if not unet_paths.is_unet(diffusion_model):
+        clone, depth, message = _apply_dit(model_patcher, diffusion_model, config)
+    elif not unet_paths.is_unet(diffusion_model):
         return None, None, (f"{type(diffusion_model).__name__} is neither a ComfyUI UNetModel nor a transformer "
                             "DeepCache knows (" + ", ".join(dit_paths.BLOCK_LISTS) + ")")
-    return _apply_unet(model_patcher, diffusion_model, config)
+    else:
+        clone, depth, message = _apply_unet(model_patcher, diffusion_model, config)
+    # DeepCache compiles nothing: a dynamic-VRAM model stays one (its clone is dynamic, accel/dynamic_vram.py),
+    # and a reused step's skipped blocks simply fault no weights in.
+    return clone, depth, message + (dynamic_vram.kept_note(clone) if clone is not None else "")
 
 
 def _with_wrappers(model_patcher, outer, inner, inner_type: str):
