@@ -14,7 +14,9 @@ import statistics
 import threading
 import time
 
-CALLBACK_POSITION = 5  # CFGGuider.outer_sample(noise, latent_image, sampler, sigmas, denoise_mask, callback, ...)
+# CFGGuider.outer_sample(noise, latent_image, sampler, sigmas, denoise_mask, callback, ...), the OUTER_SAMPLE
+# executor's arguments, the same in ComfyUI 0.3.75 and 0.33.0
+CALLBACK_POSITION = 5
 RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # Linux only
 
 
@@ -41,7 +43,9 @@ class StepFaults:
 
         args, kwargs = list(args), dict(kwargs)
         original = args[CALLBACK_POSITION] if len(args) > CALLBACK_POSITION else kwargs.get("callback")
-        stepped = original is not None
+        # only a callable is wrapped: were the argument order ever to change, what sits there is left as it is
+        # and the run is counted whole (docs/comfyui_compat.md: the OUTER_SAMPLE executor's arguments)
+        stepped = callable(original)
         if stepped:
             def callback(*a, **k):
                 mark()
