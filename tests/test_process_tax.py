@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import pytest  # noqa: E402
+import pytest
 
 PAGES = 617  # of the cat's 2.5 MB output
 FAULTS_BOUND = 8  # per call (median): a reused heap chunk takes 0-2 here
@@ -297,7 +297,7 @@ def case_band() -> dict:
     torch.set_num_threads(1)
     import accel.malloc.chunk
     import accel.malloc.glibc
-    import accel.malloc.tune as tune
+    from accel.malloc import tune
 
     malloc = accel.malloc
     c = libc()
@@ -326,8 +326,8 @@ def case_background() -> dict:
 
     pack = load_pack(as_in_a_server=True)
     import nodes
-
-    from tools.families import BY_FAMILY, load, sample as family_sample
+    from tools.families import BY_FAMILY, load
+    from tools.families import sample as family_sample
 
     family = BY_FAMILY["ltxv"]  # one block kind (one child compile), a 4096-wide conditioning as Flux's
 
@@ -374,7 +374,7 @@ def case_background() -> dict:
 
 
 def case_reader() -> dict:
-    import accel.malloc.chunk as chunk
+    from accel.malloc import chunk
     from accel.malloc.glibc import mallinfo2, params
 
     start = params()
@@ -403,7 +403,7 @@ def case_reader() -> dict:
 
 
 def case_refusals() -> dict:
-    import accel.malloc.tune as tune
+    from accel.malloc import tune
     from accel.malloc.allocators import alternative_allocator
 
     state = tune.ensure_tuned()

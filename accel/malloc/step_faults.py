@@ -9,6 +9,7 @@ and at each callback (ComfyUI calls it once a step, after the step). A run given
 """
 from __future__ import annotations
 
+import itertools
 import resource
 import statistics
 import threading
@@ -64,8 +65,8 @@ class StepFaults:
             self._note(marks, stepped, thread.name, end)
 
     def _note(self, marks: list, stepped: bool, thread_name: str, end: tuple) -> None:
-        process = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
-        in_thread = [b[1] - a[1] for a, b in zip(marks, marks[1:])] if marks[0][1] is not None else None
+        process = [b[0] - a[0] for a, b in itertools.pairwise(marks)]
+        in_thread = [b[1] - a[1] for a, b in itertools.pairwise(marks)] if marks[0][1] is not None else None
         record = {"time": time.time(), "thread": thread_name, "steps_counted": len(process), "per_step": process,
                   "median_per_step": statistics.median(process) if process else None,
                   "steady_median_per_step": statistics.median(process[1:]) if len(process) > 1 else None,
