@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 
 from .. import dynamic_vram, telemetry
+from ..malloc.step_faults import STEP_FAULTS
+from ..malloc.tune import ensure_tuned
 from .auto_mode import abandon_call, finish_call, inputs_key, plan_call, start_call
 from .background import IDLE_GATE
 from .blocks import cannot_compile_reason, scan_attention_holders
@@ -37,6 +39,7 @@ def compile_model(patcher, options: CompileOptions, owner: str | None = None):
     UI's node id) is who status.py reports this model's state to."""
     import comfy.patcher_extension
 
+    ensure_tuned()  # the malloc tune (ACCEL_MALLOC_TUNE), decided once per process: here, never at import
     # Dynamic VRAM's per-op casts cannot be traced (accel/dynamic_vram.py): the model leaves it, as core's
     # TorchCompileModel does, or stays and runs eagerly.
     source, kept_because = dynamic_vram.leave(patcher, "Compile Model")
@@ -58,10 +61,11 @@ def compile_model(patcher, options: CompileOptions, owner: str | None = None):
 
 def mark_sampling_run(executor, *args, **kwargs):
     """OUTER_SAMPLE: background work held for an idle moment (few CPU cores) waits while the sampler runs; its
-    end, however it ends, lets the gate look for the idle moment after it."""
+    end, however it ends, lets the gate look for the idle moment after it. The run's page faults per step are
+    counted for the stats (malloc/step_faults.py)."""
     IDLE_GATE.sampling_started()
     try:
-        return executor(*args, **kwargs)
+        return STEP_FAULTS.counted_run(executor, args, kwargs)
     finally:
         IDLE_GATE.sampling_ended()
         telemetry.record("compile_model", "run")  # the models' states may have moved (status.py)
