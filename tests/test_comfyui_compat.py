@@ -290,10 +290,10 @@ def _check_dit_lists(c):
                        (hunyuan.HunyuanVideo, ("double_blocks", "single_blocks")), (wan.WanModel, ("blocks",)),
                        (qwen.QwenImageTransformer2DModel, ("transformer_blocks",)), (mmdit.MMDiT, ("joint_blocks",)),
                        (ltxv.LTXVModel, ("transformer_blocks",))):
-        init = "".join(_source(k.__init__) for k in cls.__mro__ if k.__module__.startswith("comfy.")
-                       and "__init__" in vars(k))
+        # built in __init__ or a helper of it (0.33's LTXVModel._init_transformer_blocks)
+        built = "".join(_source(k) for k in cls.__mro__ if k.__module__.startswith("comfy."))
         for name in lists:
-            assert f"self.{name}" in init, f"{cls.__name__} builds no {name}"
+            assert re.search(rf"self\.{name}\s*=", built), f"{cls.__name__} builds no {name}"
         assert "original_block" in "".join(_source(k) for k in cls.__mro__ if k.__module__.startswith("comfy."))
 
 
