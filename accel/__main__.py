@@ -6,7 +6,7 @@
     python -m accel cache import FILE      # same GPU and torch: what does not match is skipped, with the reason
     python -m accel cache clear
     python -m accel cache clear --remote   # this environment's entries in the store ACCEL_REMOTE_CACHE names
-    python -m accel doctor [--pid N] [--json]  # threads, OpenMP runtimes, affinity: of this process or of pid N
+    python -m accel doctor [--pid N] [--json]  # threads, OpenMP runtimes, affinity, malloc: this process or pid N
 
 ComfyUI is found from --comfyui, else $COMFYUI_DIR, else the ComfyUI this pack is installed in. The cache is
 the one the nodes use: $ACCEL_CACHE_DIR, else accel_cache/ in ComfyUI's directory. With ACCEL_REMOTE_CACHE (and
@@ -30,7 +30,8 @@ EXAMPLES = """examples (run from ComfyUI/custom_nodes/comfyui-accel with ComfyUI
   python -m accel cache info            where the compile cache is, what it holds
   python -m accel cache clear           empty it (the Accel panel in the web UI has the same button)
   python -m accel cache export FILE     one file: copy it into an image or to a machine with the same GPU and torch
-  python -m accel doctor                threads and OpenMP runtimes, when compiled steps run slower than expected
+  python -m accel doctor                threads, OpenMP runtimes and malloc settings, when steps run slower than
+                                        expected
 
 The compile cache is $ACCEL_CACHE_DIR, else accel_cache/ in ComfyUI's directory."""
 
@@ -78,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
     cache.add_argument("file", nargs="?", type=Path, help="the file to export to or import from")
     cache.add_argument("--remote", action="store_true",
                        help="clear: remove this environment's entries from the remote store instead of the directory")
-    doctor = commands.add_parser("doctor", help="thread and OpenMP diagnostics of this machine and process")
+    doctor = commands.add_parser("doctor", help="thread, OpenMP and malloc diagnostics of this machine and process")
     doctor.add_argument("--pid", type=int, default=None,
                         help="inspect another process (a running ComfyUI server) instead; it has no torch section")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -163,11 +164,11 @@ def run(args) -> int:
 
 
 def doctor(pid: int | None, as_json: bool, seconds: float) -> int:
-    from .diagnostics import busy_threads, thread_report
+    from .diagnostics import busy_threads, doctor_report
 
     if pid is not None and not Path(f"/proc/{pid}").is_dir():
         raise ValueError(f"no process {pid} to inspect (or no /proc: the doctor reads Linux's)")
-    report = thread_report(pid)
+    report = doctor_report(pid)
     report["busy_threads"] = busy_threads(seconds, pid)
     if as_json:
         print(json.dumps(report, indent=1))
@@ -189,11 +190,39 @@ def doctor(pid: int | None, as_json: bool, seconds: float) -> int:
     print(f"busiest threads over {seconds:g} s (share of one core):")
     for thread in report["busy_threads"][:8] or [{"tid": "-", "name": "(none used the CPU)", "core_share": 0}]:
         print(f"  {thread['tid']:>8}  {thread['core_share']:6.2f}  {thread['name']}")
+    print_malloc(report["malloc"])
     for warning in report["warnings"]:
         print(f"warning: {warning}")
     if not report["warnings"]:
-        print("no known thread problem found")
+        print("no known thread or malloc problem found")
     return 0
+
+
+def print_malloc(found: dict) -> None:
+    allocator = found["allocator"]
+    other = allocator["preloaded"] + [p for p in allocator["mapped"] if p not in allocator["preloaded"]]
+    if other or allocator["malloc_is_glibcs"] is False:
+        print(f"malloc: served by {', '.join(other) or 'another allocator than glibc'} (glibc's settings unused)")
+    else:
+        print(f"malloc: glibc {found['glibc']}" if found["glibc"] else "malloc: not glibc's (settings unknown)")
+    mp = found["params"]
+    if mp is None:
+        print("  live settings: not readable from another process (GET /accel/stats of a running ComfyUI shows them)")
+    elif not mp:
+        print("  live settings: unknown (glibc's parameters could not be read and checked against mallinfo2)")
+    else:
+        print(f"  mmap threshold {mp['mmap_threshold']}, trim threshold {mp['trim_threshold']}, top pad "
+              f"{mp['top_pad']} bytes; " + ("dynamic (glibc moves them itself)" if mp["dynamic"]
+                                            else "frozen (a mallopt or MALLOC_*_ variable set them)"))
+    if found["tune"]:
+        from .malloc.tune import reason_not_to_tune
+
+        tune, why_not = found["tune"], found["tune"]["why_not"] or reason_not_to_tune()
+        print(f"  {tune['switch']}: " + ("applied" if tune["applied"] else f"off here ({why_not})" if why_not
+                                          else "would be applied when Compile Model is first applied"))
+    print("  environment: " + (", ".join(f"{k}={v}" for k, v in found["environment"].items()) or "no malloc settings"))
+    print("  libraries importing mallopt or malloc_trim: "
+          + (", ".join(f"{p} ({', '.join(n)})" for p, n in found["importers"].items()) or "none mapped"))
 
 
 def this_machines_environments() -> list[str]:

@@ -1,4 +1,5 @@
-"""Thread and OpenMP hygiene of a process, for `python -m accel doctor` and the "threads" of GET /accel/stats.
+"""Thread and OpenMP hygiene of a process, for `python -m accel doctor` and the "threads" of GET /accel/stats;
+the doctor adds the C allocator's state (doctor_report, malloc/report.py).
 
 CPU inference slows down for reasons invisible from inside torch: two OpenMP runtimes mapped into one process
 (each with its own spinning pool: pytorch#98836), an affinity mask narrower than torch's thread count
@@ -99,17 +100,33 @@ def torch_threads() -> dict:
             "num_threads_in_new_thread": seen[0] if seen else None, "parallel_info": [text for text in head if text]}
 
 
-def environment(pid: int) -> dict:
+def process_environment(pid: int) -> dict | None:
+    """pid's environment: this process's now, another's as it started (what it set itself later is not visible),
+    None where it may not be read."""
     if pid == os.getpid():
-        env = dict(os.environ)
-    else:  # another process's: as it started (what it set itself later is not visible), if we may read it
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                pairs = [item.decode(errors="replace").partition("=") for item in f.read().split(b"\0") if item]
-            env = {name: value for name, _, value in pairs}
-        except OSError:
-            return {}
+        return dict(os.environ)
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = [item.decode(errors="replace").partition("=") for item in f.read().split(b"\0") if item]
+    except OSError:
+        return None
+    return {name: value for name, _, value in pairs}
+
+
+def environment(pid: int) -> dict:
+    env = process_environment(pid) or {}
     return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+
+
+def doctor_report(pid: int | None = None) -> dict:
+    """The doctor's report: threads (thread_report) and the C allocator (malloc/report.py), its warnings joined
+    to the threads' ones."""
+    from .malloc.report import malloc_report
+
+    report = thread_report(pid)
+    report["malloc"] = malloc_report(report["pid"], process_environment(report["pid"]) or {})
+    report["warnings"] = report["warnings"] + report["malloc"]["warnings"]
+    return report
 
 
 def thread_report(pid: int | None = None) -> dict:

@@ -12,9 +12,17 @@ its own background child. (On the H200 a process that loaded its graphs paid the
   spinning), to tell spinning pools apart.
 - `--malloc-fixed`: with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_, as tests/test_soak.py runs), to tell
   the allocator's moving threshold apart.
+- `--malloc-diag`: instead of the timings above, the probe that tells which glibc mechanism it is
+  (docs/process_tax.md): glibc's live malloc settings and totals at six points (torch and CUDA started, the model
+  loaded, before Compile Model, its child done, its graphs loaded, the end); the sampler-sized `cat` in the main
+  thread, a long-lived prompt thread started first and a new thread (faults, microseconds, output chunk mmapped
+  or in which arena); minor faults and milliseconds per step of one eager sampling before the compile, after it
+  and after the pack's malloc tune (ACCEL_MALLOC_TUNE), applied last in the same process; which mapped libraries
+  import mallopt or malloc_trim; the price of a fresh page. On the CPU it rehearses in seconds with
+  `--shape sd15 --model accel-sd15-small.safetensors` and ACCEL_DISABLE_COMPILE=1 (tests/test_bench_gpu.py).
 
     python bench/process_tax.py [--model accel-tiny-flux-bench.safetensors] [--latent 128] [--steps 8]
-                                [--omp-passive | --malloc-fixed]
+                                [--omp-passive | --malloc-fixed | --malloc-diag [--shape flux|sd15]]
 """
 from __future__ import annotations
 
@@ -127,10 +135,148 @@ def children() -> list[str]:
     return found
 
 
+class PromptThread:
+    """A long-lived thread running what it is handed, as ComfyUI's prompt worker: its glibc arena lives as long."""
+
+    def __init__(self):
+        import queue
+
+        self._jobs, self._results = queue.Queue(), queue.Queue()
+        threading.Thread(target=self._serve, name="prompt", daemon=True).start()
+
+    def _serve(self):
+        while True:
+            self._results.put(self._jobs.get()())
+
+    def call(self, function):
+        self._jobs.put(function)
+        return self._results.get()
+
+
+def in_new_thread(function):
+    box = []
+    thread = threading.Thread(target=lambda: box.append(function()), name="new")
+    thread.start()
+    thread.join()
+    return box[0]
+
+
+def cat_probe(calls: int = 30) -> dict:
+    """The sampler-sized cat in the calling thread: faults and microseconds per call (medians, after 2), and where
+    the outputs' chunks were (mmapped, or the arena)."""
+    import torch
+
+    from accel.malloc.chunk import tensor_chunk
+
+    states, faults, times, where = torch.zeros(1, 77, 4096), [], [], {}
+    for index in range(calls + 2):
+        f0, t0 = minor_faults(), time.perf_counter()
+        out = torch.cat([states, states], 1)
+        elapsed, taken = (time.perf_counter() - t0) * 1e6, minor_faults() - f0
+        chunk = tensor_chunk(out)
+        del out
+        if index >= 2:
+            faults.append(taken)
+            times.append(elapsed)
+            key = "mmapped" if chunk.get("mmapped") else str(chunk.get("arena"))
+            where[key] = where.get(key, 0) + 1
+    return {"faults": statistics.median(faults), "faults_max": max(faults), "us": round(statistics.median(times), 1),
+            "chunks": where}
+
+
+def fault_price(mib: int = 32) -> float:
+    """Median microseconds a fresh page costs now (the VM's side of the tax), touched in 2.5 MB pieces."""
+    import mmap
+
+    piece, region, costs = PAGE_PIECE, mmap.mmap(-1, mib << 20), []
+    for base in range(0, (mib << 20) - piece, piece):
+        f0, t0 = minor_faults(), time.perf_counter()
+        for offset in range(base, base + piece, 4096):
+            region[offset] = 1
+        costs.append((time.perf_counter() - t0) / max(minor_faults() - f0, 1) * 1e6)
+    region.close()
+    return round(statistics.median(costs), 2)
+
+
+PAGE_PIECE = 617 * 4096
+
+
+def malloc_diag(args) -> None:
+    import torch
+
+    from accel.malloc.allocators import alternative_allocator
+    from accel.malloc.glibc import glibc_version, mallinfo2, params
+    from accel.malloc.importers import malloc_importers
+
+    prompt = PromptThread()  # before anything else: ComfyUI's prompt thread lives from the server's start
+    prompt.call(lambda: torch.zeros(1).add_(1))  # it has an arena (and torch's per-thread state) from here
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.init()
+    points = {}
+
+    def point(name: str) -> None:
+        points[name] = {"params": params(), "mallinfo2": mallinfo2(), "process_faults": minor_faults()}
+
+    def cats() -> dict:
+        return {"main": cat_probe(), "prompt": prompt.call(cat_probe), "new_thread": in_new_thread(cat_probe)}
+
+    point("torch_started")
+    base = load_unet(args.model, cpu=not cuda)
+    point("model_loaded")
+    width, channels, pooled = (768, 4, False) if args.shape == "sd15" else (4096, 16, True)
+    conds, shape = conditioning(width, 77, pooled=pooled), (1, channels, args.latent, args.latent)
+
+    def eager_steps() -> dict:
+        """One eager sampling in the prompt thread: minor faults (process) and milliseconds of each step."""
+        import comfy.sample
+
+        def run():
+            marks = [(minor_faults(), time.perf_counter())]
+            latent = torch.zeros(shape)
+            comfy.sample.sample(base, comfy.sample.prepare_noise(latent, 0), args.steps, 1.0, "euler", "normal",
+                                *conds, latent, disable_pbar=True, seed=0,
+                                callback=lambda *a: marks.append((minor_faults(), time.perf_counter())))
+            return {"faults": [b[0] - a[0] for a, b in zip(marks, marks[1:])],
+                    "ms": [round((b[1] - a[1]) * 1e3, 2) for a, b in zip(marks, marks[1:])]}
+
+        prompt.call(run)  # the first sampling settles the thresholds
+        return prompt.call(run)
+
+    result = {"glibc": glibc_version(), "allocator": alternative_allocator(),
+              "env": {k: v for k, v in os.environ.items()
+                      if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD", "ACCEL_MALLOC_TUNE")},
+              "fault_price_us_before": fault_price(), "cats_before": cats(), "eager_before": eager_steps()}
+    point("before_compile")
+    model, engine = variant_model("accel", base)
+    prompt.call(lambda: sample(model, conds, shape, args.steps, 1.0))
+    compiler = engine.background.BACKGROUND
+    while compiler.compiling():
+        time.sleep(0.1)
+    point("child_done")
+    result["background"] = wait_for_background(engine)
+    point("graphs_loaded")
+    result.update(cats_after=cats(), eager_after=eager_steps(), fault_price_us_after=fault_price())
+    tune = sys.modules[engine.__name__.rsplit(".", 1)[0] + ".malloc.tune"]
+    # the tune, last: what it changes in this same process. Compile Model decided it already with the
+    # environment's switch (applied where ACCEL_MALLOC_TUNE=1): a fresh decision with the switch on, which never
+    # lowers what is there, applies it now where it may be
+    result["tune_when_applied"] = dict(tune.TUNE.state)
+    os.environ[tune.SWITCH] = "1"
+    result["tune"] = tune.MallocTune().apply_once()
+    result.update(cats_tuned=cats(), eager_tuned=eager_steps())
+    point("end")
+    result.update(points=points, importers=malloc_importers())
+    print_result(result, default=str)
+
+
 def main() -> None:
     parser = cli.parser(__doc__, model=FLUX_BENCH.file_name, latent=128, steps=8)
     parser.add_argument("--omp-passive", action="store_true", help="run with OMP_WAIT_POLICY=PASSIVE")
     parser.add_argument("--malloc-fixed", action="store_true", help="run with MALLOC_MMAP_THRESHOLD_=131072")
+    parser.add_argument("--malloc-diag", action="store_true", help="glibc malloc's state and faults (see above)")
+    parser.add_argument("--shape", choices=("flux", "sd15"), default="flux",
+                        help="--malloc-diag: the model's conditioning and latent (sd15: the CPU rehearsal's)")
     args = parser.parse_args()
     if args.steps < 2:  # each steady time leaves out its sampling's first step
         parser.error(f"--steps {args.steps}: use 2 or more (steady times leave out each sampling's first step)")
@@ -139,6 +285,8 @@ def main() -> None:
             os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
     if not {"TORCHINDUCTOR_CACHE_DIR", "ACCEL_CACHE_DIR"} <= set(os.environ):
         os.environ.update(cache_env(Path(tempfile.mkdtemp(prefix="accel-bench-tax-")), {}))
+    if args.malloc_diag:
+        return malloc_diag(args)
     import torch
 
     base = load_unet(args.model, cpu=not torch.cuda.is_available())

@@ -23,13 +23,17 @@ def register_routes() -> bool:
     async def accel_stats(request):
         from ..accel.compile import REGISTRY
         from ..accel.diagnostics import thread_report
+        from ..accel.malloc.report import settings
+        from ..accel.malloc.step_faults import STEP_FAULTS
 
         # "threads" off the event loop: reads of /proc, and a 50 ms second look when a pool of the pack's seems
         # to be there (diagnostics.PROC_SETTLE_SECONDS), which would stall every other request meanwhile. torch's
         # thread count reads the same there: ATen gives each thread the process's count on the thread's first use.
         threads = await asyncio.get_running_loop().run_in_executor(None, thread_report)
+        # "malloc": glibc's live settings and the last sampling's minor page faults per step (docs/process_tax.md)
         return web.json_response({"version": __version__, **telemetry.snapshot(), "compile": REGISTRY.stats(),
-                                  "threads": threads})
+                                  "threads": threads,
+                                  "malloc": {**settings(), "last_sampling_faults": STEP_FAULTS.last()}})
 
     @PromptServer.instance.routes.get("/accel/status")
     async def accel_status(request):

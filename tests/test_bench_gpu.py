@@ -88,3 +88,27 @@ def test_dry_run_lists_every_step_with_its_command():
     else:
         assert blocks["dynamic-vram"][1].startswith("$ python -c "), blocks["dynamic-vram"]
     assert doc_state() == before
+
+
+def test_tax_probe_rehearses_on_the_cpu():
+    """bench/process_tax.py --malloc-diag, the probe the GPU run needs, on the CPU in seconds (the small SD1.5
+    model, Compile Model passing through by ACCEL_DISABLE_COMPILE=1): every part of its report is there, and the
+    pack's tune, applied last in the same process, is read back from glibc where glibc serves malloc."""
+    from tools.harness.child import read_result
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "ACCEL_MALLOC_TUNE"}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "process_tax.py"), "--malloc-diag", "--shape", "sd15",
+                           "--model", "accel-sd15-small.safetensors", "--latent", "8", "--steps", "2"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**env, "ACCEL_DISABLE_COMPILE": "1", "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = read_result(proc.stdout)
+    assert list(result["points"]) == ["torch_started", "model_loaded", "before_compile", "child_done",
+                                      "graphs_loaded", "end"]
+    for when in ("before", "after", "tuned"):
+        assert set(result[f"cats_{when}"]) == {"main", "prompt", "new_thread"}, result[f"cats_{when}"]
+        assert len(result[f"eager_{when}"]["faults"]) == len(result[f"eager_{when}"]["ms"]) == 2
+    assert result["fault_price_us_before"] > 0 and isinstance(result["importers"], dict)
+    if result["glibc"] and result["allocator"]["malloc_is_glibcs"]:
+        assert result["tune"]["applied"] and result["points"]["end"]["params"]["mmap_threshold"] == 32 << 20
+        assert result["cats_tuned"]["prompt"]["chunks"].get("mmapped", 0) == 0, result["cats_tuned"]

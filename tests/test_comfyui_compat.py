@@ -367,8 +367,15 @@ def _check_cached_init(c):
 def _check_dynamic(c):
     if _version() >= (0, 33):
         assert c.patcher.is_dynamic() is False and "disable_dynamic" in _params(c.patcher.clone)
+        assert callable(c.patcher.get_non_dynamic_delegate)
     else:
-        assert not hasattr(c.patcher, "is_dynamic")
+        assert not hasattr(c.patcher, "is_dynamic") and not hasattr(c.patcher, "get_non_dynamic_delegate")
+
+
+def _check_current_patcher(c):
+    import comfy.model_patcher
+
+    assert "self.model.current_patcher" in _source(comfy.model_patcher.ModelPatcher)
 
 
 def _check_folder_paths(c):
@@ -514,7 +521,8 @@ CHECKS = {
                                                                      for k in c.base.state_dict()) or pytest.fail(),
     "BaseModel.model_type, model_config (model_type(), sampling_settings)": _check_model_type,
     "ModelPatcher.cached_patcher_init (0.33)": _check_cached_init,
-    "ModelPatcher.is_dynamic, clone(disable_dynamic=True) (0.33)": _check_dynamic,
+    "ModelPatcher.is_dynamic, get_non_dynamic_delegate, clone(disable_dynamic=True) (0.33)": _check_dynamic,
+    "BaseModel.current_patcher": _check_current_patcher,
     "comfy.model_management.throw_exception_if_processing_interrupted":
         _check_call(lambda c: _module("comfy.model_management")(c), "throw_exception_if_processing_interrupted"),
     "folder_paths.get_temp_directory, get_filename_list, get_full_path": _check_folder_paths,

@@ -137,3 +137,63 @@ def test_a_pack_threads_openmp_pool_is_told_apart_from_the_samplers():
     assert {"accel-waits", "accel-computes"} <= set(seen["names"]), seen["names"]
     assert seen["pools"] == {"accel-computes": 1}, seen
     assert any("accel-computes started 1 native threads" in text for text in seen["warnings"]), seen["warnings"]
+
+
+def test_doctor_reports_glibc_malloc_as_it_is():
+    """The malloc section of the doctor's own process: glibc's live parameters, read in place and agreeing with
+    mallinfo2 (the counters read beside the thresholds); the thresholds still glibc's dynamic ones; no mapped
+    library imports mallopt or malloc_trim (torch's wheel and numpy do not); the tune off by default, saying so."""
+    if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+        pytest.skip("glibc is not the C library here: the section reads unknown")
+    report = json.loads(accel_cli("doctor", "--json", "--seconds", "0.1").stdout)
+    found = report["malloc"]
+    assert found["glibc"] == os.confstr("CS_GNU_LIBC_VERSION").split()[1]
+    mp = found["params"]
+    assert mp and mp["dynamic"] and mp["mmap_threshold"] >= 128 << 10 and mp["trim_threshold"] >= 128 << 10, mp
+    assert mp["mmapped_chunks"] >= 0 and found["mallinfo2"]["heap_bytes"] > 0, found
+    assert found["allocator"] == {"mapped": [], "preloaded": [], "malloc_is_glibcs": True}, found["allocator"]
+    assert found["importers"] == {} and found["warnings"] == [], found
+    assert "ACCEL_MALLOC_TUNE" in (found["tune"]["why_not"] or "") or not found["tune"]["applied"], found["tune"]
+    text = accel_cli("doctor", "--seconds", "0.1").stdout
+    assert f"malloc: glibc {found['glibc']}" in text and "dynamic (glibc moves them itself)" in text, text
+
+
+def test_doctor_warns_on_frozen_and_low_thresholds():
+    """MALLOC_MMAP_THRESHOLD_ (as tests/test_soak.py runs ComfyUI) freezes glibc's thresholds at 128 KiB: the
+    doctor reads them so and warns twice (every sampler-sized tensor mmapped; the trim threshold under the mmap
+    threshold plus the top pad), and the tune would stay off for that variable."""
+    if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+        pytest.skip("glibc is not the C library here")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "ACCEL_MALLOC_TUNE": "1"}
+    report = json.loads(accel_cli("doctor", "--json", "--seconds", "0.1", env=env).stdout)
+    found = report["malloc"]
+    assert found["params"]["mmap_threshold"] == 131072 and not found["params"]["dynamic"], found["params"]
+    assert found["environment"] == {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    warnings = "\n".join(report["warnings"])
+    assert "mmap threshold is frozen at 128 KiB" in warnings and "trim threshold (" in warnings, warnings
+    text = accel_cli("doctor", "--seconds", "0.1", env=env).stdout
+    assert "off here (the environment tunes malloc already (MALLOC_MMAP_THRESHOLD_))" in text, text
+
+
+def test_doctor_of_another_process_lists_its_malloc_importers_and_allocator():
+    """--pid of a process that imported psutil (its C module imports malloc_trim) and, where the machine has
+    jemalloc, runs with it preloaded: the doctor names both, read from that process's maps and environment."""
+    jemalloc = next((p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib64/libjemalloc.so.2")
+                     if os.path.exists(p)), None)
+    env = {**os.environ, **({"LD_PRELOAD": jemalloc} if jemalloc else {})}
+    child = subprocess.Popen([sys.executable, "-c", "import sys, psutil; print('ready', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        report = json.loads(accel_cli("doctor", "--pid", str(child.pid), "--json", "--seconds", "0.1").stdout)
+    finally:
+        child.communicate("", timeout=30)
+    found = report["malloc"]
+    assert found["params"] is None  # another process's memory: not read
+    psutil_modules = [path for path in found["importers"] if "_psutil_linux" in path]
+    assert psutil_modules and found["importers"][psutil_modules[0]] == ["malloc_trim"], found["importers"]
+    if jemalloc:
+        assert found["allocator"]["mapped"] == [jemalloc] and found["allocator"]["preloaded"] == [jemalloc]
+        assert found["warnings"] == [], found["warnings"]  # glibc's state does not matter then
+    else:
+        assert any("_psutil_linux" in w and "malloc_trim" in w for w in found["warnings"]), found["warnings"]

@@ -11,7 +11,7 @@ as generated stand-ins (tools/template_models.py):
 - the docs panel of each Accel node shows its markdown (web/docs/), and every input has a tooltip.
 
 ACCEL_SCREENSHOT_DIR=docs/ui keeps the screenshots (the template browser, the missing-models dialog, a node's docs).
-Runs on ComfyUI 0.3.75's frontend (1.32) in CI, and on 0.33's (1.49) with `COMFYUI_DIR` (see test_web_ui.py).
+Runs in CI on ComfyUI 0.3.75's frontend (1.32) and on 0.33.0's (1.49) (see test_web_ui.py).
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ the node docs: test_templates.py.)
 The workflows here are the project's own on its generated models (tools/workflows/), opened as a dropped API file.
 
 ACCEL_SCREENSHOT_DIR=docs/ui keeps a screenshot of each state (the README shows them). CI runs these against
-ComfyUI 0.3.75; against 0.33's frontend: `ACCEL_VENV=.venv033 COMFYUI_DIR=<checkout> python3 tools/setup_env.py`,
-then `COMFYUI_DIR=<checkout> .venv033/bin/pytest -n 0 tests/test_web_ui.py tests/test_templates.py`.
+ComfyUI 0.3.75's frontend (1.32) and 0.33.0's (1.49): `make test COMFYUI=0.33.0` sets that one up; one file alone:
+`ACCEL_COMFYUI=0.33.0 .venv-0.33.0/bin/pytest -n 0 tests/test_web_ui.py`.
 """
 from __future__ import annotations
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import time
 
-from .. import comfy_names, telemetry
+from .. import comfy_names, dynamic_vram, telemetry
+from ..malloc.step_faults import STEP_FAULTS
+from ..malloc.tune import ensure_tuned
 from . import object_patches
 from .auto_mode import abandon_call, finish_call, inputs_key, plan_call, start_call
 from .background import IDLE_GATE
@@ -38,7 +40,16 @@ def compile_model(patcher, options: CompileOptions, owner: str | None = None):
     UI's node id) is who status.py reports this model's state to."""
     import comfy.patcher_extension
 
-    model = patcher.clone()
+    ensure_tuned()  # the malloc tune (ACCEL_MALLOC_TUNE), decided once per process: here, never at import
+    # Dynamic VRAM's per-op casts cannot be traced (accel/dynamic_vram.py): the model leaves it, as core's
+    # TorchCompileModel does, or stays and runs eagerly.
+    source, kept_because = dynamic_vram.leave(patcher, "Compile Model")
+    model = source.clone()
+    if kept_because is not None:
+        dynamic_vram.warn_kept_eager("Compile Model", kept_because)
+        dynamic_vram.note(model.model, dynamic_vram.kept_eager_placement(kept_because))
+    elif source is not patcher:
+        dynamic_vram.note(model.model, dynamic_vram.left_placement())
     note_owner(owner, model.model, choose=options.choose)
     scan_attention_holders()  # now, not in a timed model call
     wrappers = comfy.patcher_extension.WrappersMP
@@ -51,11 +62,12 @@ def compile_model(patcher, options: CompileOptions, owner: str | None = None):
 
 def mark_sampling_run(executor, *args, **kwargs):
     """OUTER_SAMPLE: background work held for an idle moment (few CPU cores) waits while the sampler runs; its
-    end, however it ends, lets the gate look for the idle moment after it."""
+    end, however it ends, lets the gate look for the idle moment after it. The run's page faults per step are
+    counted for the stats (malloc/step_faults.py)."""
     IDLE_GATE.sampling_started()
     try:
         with object_patches.run_patches(executor.class_obj):
-            return executor(*args, **kwargs)
+            return STEP_FAULTS.counted_run(executor, args, kwargs)
     finally:
         IDLE_GATE.sampling_ended()
         telemetry.record("compile_model", "run")  # the models' states may have moved (status.py)
@@ -76,6 +88,12 @@ class CompiledApplyModel:
         policy = device_policy(x.device)
         if not policy.allows("compile"):
             warn_once(x.device, "compile", f"the model runs eagerly: {policy.explain('compile')}")
+            return executor(*args, **kwargs)
+        if dynamic_vram.runs_dynamic(base_model):  # still dynamic: never traced under aimdo's casts
+            placement = dynamic_vram.placement_of(base_model)
+            if placement is None or not placement.eager:  # one that could not leave was warned of already
+                dynamic_vram.warn_running_dynamic("Compile Model")
+                dynamic_vram.note(base_model, dynamic_vram.running_dynamic_placement())
             return executor(*args, **kwargs)
         options = effective_options(self.options, policy, x.device)
         record = model_record(base_model, options, x.device, self.options.whole_model)

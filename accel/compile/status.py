@@ -13,6 +13,7 @@ import threading
 import weakref
 from typing import Callable
 
+from .. import dynamic_vram
 from .background.state import BackgroundState
 from .model_record import records_of
 
@@ -45,9 +46,21 @@ def owner_statuses() -> dict[str, dict]:
                 if owner in _owners and _owners[owner][1] is ref:
                     del _owners[owner]
             continue
-        statuses[owner] = {"feature": feature, **(model_status(target, choose) if feature == MODEL
-                                                  else vae_status(methods_of(target)))}
+        status = model_status(target, choose) if feature == MODEL else vae_status(methods_of(target))
+        statuses[owner] = {"feature": feature, **with_placement(status, target)}
     return statuses
+
+
+def with_placement(status: dict, target) -> dict:
+    """`status` with which way its model (or VAE copy) runs as to dynamic VRAM, where that was in play
+    (accel/dynamic_vram.py): one that could not leave it is eager whatever else its records say."""
+    placement = dynamic_vram.placement_of(target)
+    if placement is None:
+        return status
+    if placement.eager:
+        return {**status, "state": "eager", "text": placement.text, "dynamic_vram": "kept"}
+    return {**status, "text": f"{status['text']}; {placement.text}",
+            "dynamic_vram": "kept" if placement.kept else "left"}
 
 
 def _compiling_in_path(entries) -> list:

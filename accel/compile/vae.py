@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 
-from .. import comfy_names, telemetry
+from .. import comfy_names, dynamic_vram, telemetry
 from ..cache import COMPILE_CACHE
 from .background import BACKGROUND, Capture, hold_until_idle
 from .blocks import BlockKind
@@ -133,12 +133,22 @@ def compile_vae(vae, options: CompileOptions, owner: str | None = None):
     if comfy_names.missing(vae, ("patcher", "first_stage_model"), "VAE.patcher, VAE.first_stage_model"):
         return vae  # a newer ComfyUI's VAE, kept otherwise: it decodes as ComfyUI made it
     compiled = copy.copy(vae)
-    compiled.patcher = vae.patcher.clone()
-    model = vae.first_stage_model
+    # Dynamic VRAM's per-op casts cannot be traced (accel/dynamic_vram.py): the copy leaves it with a regular
+    # patcher of its own model, or stays and codes eagerly.
+    patcher, kept_because = dynamic_vram.leave(vae.patcher, "Compile VAE")
+    compiled.patcher = patcher.clone()
+    note_owner(owner, compiled, VAE, options.choose, methods_of=method_entries)
+    if kept_because is not None:
+        dynamic_vram.warn_kept_eager("Compile VAE", kept_because)
+        dynamic_vram.note(compiled, dynamic_vram.kept_eager_placement(kept_because))
+        return compiled
+    if patcher is not vae.patcher:
+        compiled.first_stage_model = compiled.patcher.model  # the reloaded model is the one its patcher loads
+        dynamic_vram.note(compiled, dynamic_vram.left_placement())
+    model = compiled.first_stage_model
     for method in VAE_METHODS:
         if callable(getattr(type(model), method, None)):
             compiled.patcher.add_object_patch(method, CompiledMethod(model, method, options))
-    note_owner(owner, compiled, VAE, options.choose, methods_of=method_entries)
     return compiled
 
 

@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from .. import comfy_names
+from .. import comfy_names, dynamic_vram
 from . import dit_paths, unet_paths
 from .config import DeepCacheConfig, schedule_text
 from .run_state import FEATURE, RUN_KEY, ModelCall, RunState, report_run, start_run
@@ -247,15 +247,19 @@ def apply(model_patcher, config: DeepCacheConfig):
     if renamed:
         return None, None, renamed
     if dit_paths.is_dit(diffusion_model):
-        return _apply_dit(model_patcher, diffusion_model, config)
-    if not unet_paths.is_unet(diffusion_model):
+        clone, depth, message = _apply_dit(model_patcher, diffusion_model, config)
+    elif not unet_paths.is_unet(diffusion_model):
         renamed = dit_paths.missing_lists(diffusion_model)
         return None, None, renamed or (f"{type(diffusion_model).__name__} is neither a ComfyUI UNetModel nor a "
                                        "transformer DeepCache knows (" + ", ".join(dit_paths.BLOCK_LISTS) + ")")
-    renamed = unet_paths.missing_names(diffusion_model)
-    if renamed:
-        return None, None, renamed
-    return _apply_unet(model_patcher, diffusion_model, config)
+    else:
+        renamed = unet_paths.missing_names(diffusion_model)
+        if renamed:
+            return None, None, renamed
+        clone, depth, message = _apply_unet(model_patcher, diffusion_model, config)
+    # DeepCache compiles nothing: a dynamic-VRAM model stays one (its clone is dynamic, accel/dynamic_vram.py),
+    # and a reused step's skipped blocks simply fault no weights in.
+    return clone, depth, message + (dynamic_vram.kept_note(clone) if clone is not None else "")
 
 
 def _missing_names(model_patcher) -> str | None:

@@ -16,7 +16,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
-from .. import comfy_names, telemetry
+from .. import comfy_names, dynamic_vram, telemetry
 from .ledger import ledger_for
 from .model_source import ModelWeights
 from .sources import WeightsFile
@@ -124,11 +124,13 @@ def _check_comfyui(patcher) -> None:
 
 def _non_dynamic(patcher):
     # Newer ComfyUI on NVIDIA streams weights per op from host memory (dynamic VRAM); an in-place swap needs
-    # ordinary resident parameters, so such a model is rebuilt as a regular one, as core TorchCompileModel does.
-    if getattr(patcher, "is_dynamic", None) and patcher.is_dynamic():
-        log.info("[Accel] Swap Weights: using a non-dynamic copy of the model (dynamic VRAM streams weights per op)")
-        return patcher.clone(disable_dynamic=True)
-    return patcher
+    # ordinary resident parameters, so such a model leaves it, as core TorchCompileModel does (dynamic_vram.py).
+    out, kept_because = dynamic_vram.leave(patcher, "Swap Weights")
+    if kept_because is not None:
+        raise ValueError(f"Swap Weights needs the model outside dynamic VRAM (comfy-aimdo streams its weights per "
+                         f"op), and it could not be reloaded outside it ({kept_because}). Load the model with a core "
+                         f"loader, or start ComfyUI with {dynamic_vram.FLAG}.")
+    return out
 
 
 def _on_load(patcher, device_to, lowvram_model_memory, force_patch_weights, full_load):

@@ -44,7 +44,6 @@ from pathlib import Path
 
 from ... import telemetry
 from ...cache.trust import make_private_dirs
-from ...thread_names import start_thread
 from ..precompiled import warm_loader
 from .activity import ACTIVITY
 from .capture import Capture
@@ -143,7 +142,7 @@ class BackgroundCompiler:
             return False
         self._job = job = Job(entries, worker, directory, time.perf_counter())
         ACTIVITY.started()
-        start_thread("accel-job-wait", self._hand_back_when_done, job)
+        LOADER.watch(self._hand_back_when_done(job))  # on the loader thread: no new thread (and arena) per job
         log.info("[Accel] Compile Model: compiling %s in the background (pid %d); those blocks run eagerly until "
                  "it is done. ACCEL_DISABLE_BACKGROUND_COMPILE=1 compiles them at their first call instead.",
                  ", ".join(e.kind.label for e in entries), worker.process.pid)
@@ -198,17 +197,25 @@ class BackgroundCompiler:
             self._idle_timer.cancel()
             self._idle_timer = None
 
-    def _hand_back_when_done(self, job: Job) -> None:
-        """Hand the job's kinds back when it ends, also when no call comes to poll (a server between prompts: the
-        stats then say so at once), but never inside a sampling run: there its next call polls, between
-        two calls, so a kind never changes state within one."""
-        if job.entries[0].device_type != "cpu":  # on the CPU the checks' thread does it, at an idle moment
-            warm_loader()  # the first precompiled function's load then costs the prompt no imports
-        while not job.ended() or IDLE_GATE.sampling:
+    def _hand_back_when_done(self, job: Job):
+        """A check the loader thread makes every quarter second (loader.watch) that hands the job's kinds back when
+        it ends, also when no call comes to poll (a server between prompts: the stats then say so at once), but
+        never inside a sampling run: there its next call polls, between two calls, so a kind never changes state
+        within one. True when there is nothing more to watch."""
+        warmed = [job.entries[0].device_type == "cpu"]  # on the CPU the checks' thread warms it, at an idle moment
+
+        def check() -> bool:
+            if not warmed[0]:
+                warmed[0] = True
+                warm_loader()  # the first precompiled function's load then costs the prompt no imports
             if self._job is not job:
-                return
-            time.sleep(0.25)
-        self.poll()
+                return True
+            if not job.ended() or IDLE_GATE.sampling:
+                return False
+            self.poll()
+            return True
+
+        return check
 
     def poll(self) -> None:
         """If the job has ended, hand its kinds back: cheap enough for every UNet call."""
@@ -219,7 +226,9 @@ class BackgroundCompiler:
             if self._job is not job:
                 return
             self._job = None
-        self._finish(job)
+        # the child's results are read (and the kinds' graphs queued) on the loader thread, the caller waiting:
+        # what that allocates stays out of the prompt thread's arena (loader.py)
+        LOADER.run_here(self._finish, job)
         with self._lock:  # the next job, for kinds captured while this one ran
             while self._job is None and self._queue:
                 self._start(*self._queue.pop(0))
