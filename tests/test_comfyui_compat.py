@@ -367,7 +367,9 @@ def _check_cached_init(c):
 def _check_dynamic(c):
     if _version() >= (0, 33):
         assert c.patcher.is_dynamic() is False and "disable_dynamic" in _params(c.patcher.clone)
-        assert callable(c.patcher.get_non_dynamic_delegate)
+        import comfy.model_patcher
+
+        assert callable(comfy.model_patcher.ModelPatcherDynamic.get_non_dynamic_delegate)
     else:
         assert not hasattr(c.patcher, "is_dynamic") and not hasattr(c.patcher, "get_non_dynamic_delegate")
 
