@@ -16,10 +16,12 @@ from __future__ import annotations
 import threading
 import time
 
-from ..accel import telemetry
+from ..accel import comfy_names, telemetry
 from ..accel.compile import status as compile_status
 
 EVENT = "accel.status"
+INTERRUPT_NAMES = ("comfy.model_management.processing_interrupted, InterruptProcessingException, "
+                   "interrupt_current_processing")  # comfy_names.NAMES
 MAX_NODES = 500  # statuses kept for GET /accel/status: a long-running server must not grow without bound
 _lock = threading.Lock()
 _latest: dict[str, dict] = {}  # owner ("<workflow id>/<node id>" or a node id) -> its latest message, oldest first
@@ -97,8 +99,11 @@ def _progress_of_the_waiting_node(kind: str, statuses) -> None:
     ComfyUI's own progress bar: the compiled model's (or VAE's) kinds compiled so far, of all its kinds. Sent
     only from the thread that runs the prompt's node, the one ComfyUI's progress hook attributes it to; its
     own progress (the sampler's steps) takes over once the compile is done."""
-    from comfy_execution.utils import get_executing_context
-
+    try:
+        from comfy_execution.utils import get_executing_context
+    except ImportError:  # a ComfyUI without it (docs/comfyui_compat.md): no progress on the node, nothing fails
+        comfy_names.warn_missing("comfy_execution.utils.get_executing_context")
+        return
     if get_executing_context() is None:
         return  # not a prompt's node (a test calling the sampler, a command-line precompile)
     progress = next((status["progress"] for status in statuses if kind in status["progress"]["kinds"]), None)
@@ -107,6 +112,9 @@ def _progress_of_the_waiting_node(kind: str, statuses) -> None:
     import comfy.model_management as mm
     import comfy.utils
 
+    if comfy_names.missing(mm, ("processing_interrupted", "InterruptProcessingException",
+                                "interrupt_current_processing"), INTERRUPT_NAMES):
+        return
     if mm.processing_interrupted():
         return  # ComfyUI's progress hook would raise the interrupt here, and clear it
     try:

@@ -8,7 +8,12 @@ flash, pytorch) is kept. Eager calls are never changed. ACCEL_DISABLE_SDPA_IN_CO
 """
 from __future__ import annotations
 
+from .. import comfy_names
+
 GRAPH_BREAKING_ATTENTION = ("attention_sub_quad", "attention_split")
+
+
+PYTORCH_ATTENTION = "comfy.ldm.modules.attention.attention_pytorch"  # comfy_names.NAMES
 
 
 def _sdpa_override(func, *args, **kwargs):
@@ -18,9 +23,14 @@ def _sdpa_override(func, *args, **kwargs):
 
 
 def compiled_block_options(allow_sdpa: bool = True) -> dict:
-    """A fresh transformer_options dict for one compiled block call."""
+    """A fresh transformer_options dict for one compiled block call. Without ComfyUI's attention_pytorch (a
+    newer ComfyUI that renamed it) compiled blocks keep ComfyUI's own attention: more graphs, the same result."""
     import comfy.ldm.modules.attention as attention
 
-    if allow_sdpa and getattr(attention.optimized_attention, "__name__", "") in GRAPH_BREAKING_ATTENTION:
+    picked = getattr(attention, "optimized_attention", None)  # none: blocks.attention_swapped runs them eagerly
+    if allow_sdpa and getattr(picked, "__name__", "") in GRAPH_BREAKING_ATTENTION:
+        if not callable(getattr(attention, "attention_pytorch", None)):
+            comfy_names.warn_missing(PYTORCH_ATTENTION)
+            return {}
         return {"optimized_attention_override": _sdpa_override}
     return {}

@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from .. import comfy_names
+
 # UNet blocks are nested in TimestepEmbedSequential containers, so they are found by class name; DiT blocks
 # are found as the children of an nn.ModuleList that all share one class.
 UNET_BLOCK_CLASSES = ("ResBlock", "SpatialTransformer", "VideoResBlock", "SpatialVideoTransformer")
@@ -232,6 +234,10 @@ def scan_attention_holders() -> None:
     call, where the scan's milliseconds (thousands of modules in a server) counted in the call's timings: the
     profile then took a small model's blocks for too small a share to compile."""
     global _attention_holders, _attention_seen
+    attention = sys.modules.get(ATTENTION_MODULE)
+    if attention is not None:  # a newer ComfyUI without them: every block call counts as swapped (eager)
+        comfy_names.missing(attention, ATTENTION_GLOBALS[:1], f"{ATTENTION_MODULE}.{ATTENTION_GLOBALS[0]}")
+        comfy_names.missing(attention, ATTENTION_GLOBALS[1:], f"{ATTENTION_MODULE}.{ATTENTION_GLOBALS[1]}")
     _attention_holders = [(module, name) for module_name, module in list(sys.modules.items())
                           if module is not None and module_name.startswith("comfy.ldm.")
                           for name in ATTENTION_GLOBALS if name in vars(module)]

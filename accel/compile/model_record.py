@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import comfy_names
 from .auto_mode import AutoMode
 from .blocks import BlockSite, find_repeated_blocks, whole_model_site
 from .kinds import KindEntry
@@ -22,6 +23,8 @@ from .options import CompileOptions
 from .registry import REGISTRY
 
 log = logging.getLogger("comfyui_accel")
+# comfy_names.NAMES: what ComfyUI's ModelPatcher records on the model when it (un)loads or patches it
+LOAD_STATE = "BaseModel.current_weight_patches_uuid, model_loaded_weight_memory, lowvram_patch_counter"
 
 
 @dataclass(eq=False)
@@ -76,6 +79,9 @@ def _sites(diffusion_model: torch.nn.Module, whole_model: bool, state: _ModelSta
     if whole_model not in state.sites:
         sites = [whole_model_site(diffusion_model)] if whole_model else find_repeated_blocks(diffusion_model)
         state.sites[whole_model] = sites
+        if not sites:  # a family's blocks kept otherwise than in a ModuleList, or a renamed UNet block class
+            log.warning("[Accel] Compile Model: found no repeated blocks in %s (ComfyUI %s): it runs eagerly "
+                        "(docs/comfyui_compat.md).", type(diffusion_model).__name__, comfy_names.comfyui_version())
         log.info("[Accel] Compile Model: %d blocks of %d kinds in %s", len(sites), len({s.kind for s in sites}),
                  type(diffusion_model).__name__)
     return state.sites[whole_model]
@@ -86,7 +92,7 @@ def _settle_requires_grad(base_model, diffusion_model: torch.nn.Module, state: _
     # Swap Weights) create requires_grad=False ones; compiled graphs guard on that flag, so the first patch
     # would recompile every block. Inference never needs gradients; newer ComfyUI sets this itself.
     # Parameters change only when ComfyUI (un)patches or (re)loads weights, so the scan runs once per load state.
-    load_state = tuple(getattr(base_model, name, None) for name in
+    load_state = tuple(comfy_names.attr(base_model, name, LOAD_STATE) for name in
                        ("current_weight_patches_uuid", "model_loaded_weight_memory", "lowvram_patch_counter"))
     if state.settled == load_state:
         return

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import time
 
-from .. import dynamic_vram, telemetry
+from .. import comfy_names, dynamic_vram, telemetry
 from ..malloc.step_faults import STEP_FAULTS
 from ..malloc.tune import ensure_tuned
+from . import object_patches
 from .auto_mode import abandon_call, finish_call, inputs_key, plan_call, start_call
 from .background import IDLE_GATE
 from .blocks import cannot_compile_reason, scan_attention_holders
@@ -65,7 +66,8 @@ def mark_sampling_run(executor, *args, **kwargs):
     counted for the stats (malloc/step_faults.py)."""
     IDLE_GATE.sampling_started()
     try:
-        return STEP_FAULTS.counted_run(executor, args, kwargs)
+        with object_patches.run_patches(executor.class_obj):
+            return STEP_FAULTS.counted_run(executor, args, kwargs)
     finally:
         IDLE_GATE.sampling_ended()
         telemetry.record("compile_model", "run")  # the models' states may have moved (status.py)
@@ -81,6 +83,8 @@ class CompiledApplyModel:
     def __call__(self, executor, *args, **kwargs):
         base_model = executor.class_obj
         x = args[0] if args else kwargs["x"]
+        if comfy_names.attr(base_model, "diffusion_model", "BaseModel.diffusion_model") is None:
+            return executor(*args, **kwargs)
         policy = device_policy(x.device)
         if not policy.allows("compile"):
             warn_once(x.device, "compile", f"the model runs eagerly: {policy.explain('compile')}")
@@ -102,7 +106,8 @@ class CompiledApplyModel:
         progress = _progress_bar(plan.compiles_here)
         # A fully loaded model (ComfyUI's model_lowvram flag unset) has every weight on the compute device, so
         # the per-block offload check is only needed after a partial load.
-        partial = getattr(base_model, "model_lowvram", True)
+        partial = comfy_names.attr(base_model, "model_lowvram", "BaseModel.model_lowvram", True)
+        patched = object_patches.patched_paths(base_model)
         installed = []
         start_call(record, plan)
         try:
@@ -111,10 +116,14 @@ class CompiledApplyModel:
                     # Another node's own forward, set on this block: it runs as that node made it, and stays
                     # (a dispatcher here would run the class's forward, then take that node's away with it).
                     continue
-                reason = cannot_compile_reason(site.module, x.device) if partial else None
+                reason = (object_patches.reason(site.path, patched) if patched else None) or (
+                    cannot_compile_reason(site.module, x.device) if partial else None)
                 site.module.__dict__[site.attribute] = BlockDispatcher(site, entry, plan, allow_sdpa, reason,
                                                                        progress)
                 installed.append(site)
+            if patched:
+                object_patches.warn_once(record.label, patched, sum(
+                    object_patches.reason(site.path, patched) is not None for site in record.sites))
             if plan.timed:
                 wait_for_device(x.device.type)
             start = time.perf_counter()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 
-from .. import dynamic_vram, telemetry
+from .. import comfy_names, dynamic_vram, telemetry
 from ..cache import COMPILE_CACHE
 from .background import BACKGROUND, Capture, hold_until_idle
 from .blocks import BlockKind
@@ -130,6 +130,8 @@ def _where(entry: KindEntry) -> tuple:
 def compile_vae(vae, options: CompileOptions, owner: str | None = None):
     """A copy of `vae` whose first-stage model encodes and decodes compiled. Compiles nothing yet. `owner` (the
     web UI's node id) is who status.py reports this copy's state to."""
+    if comfy_names.missing(vae, ("patcher", "first_stage_model"), "VAE.patcher, VAE.first_stage_model"):
+        return vae  # a newer ComfyUI's VAE, kept otherwise: it decodes as ComfyUI made it
     compiled = copy.copy(vae)
     # Dynamic VRAM's per-op casts cannot be traced (accel/dynamic_vram.py): the copy leaves it with a regular
     # patcher of its own model, or stays and codes eagerly.

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import comfy_names
 from .adaptive import AdaptiveCall
 
 CALL_KEY = "accel_deepcache_call"  # the call's SpanCall, in the call's own transformer_options
@@ -66,6 +67,23 @@ def block_lists(diffusion_model) -> tuple[tuple[str, str], ...] | None:
             lists = BLOCK_LISTS[cls.__name__]
             if all(isinstance(getattr(diffusion_model, name, None), torch.nn.ModuleList) for name, _ in lists):
                 return lists
+    return None
+
+
+BLOCK_LISTS_NAME = ("DiT block lists (Flux, Chroma, HunyuanVideo, WanModel, QwenImageTransformer2DModel, MMDiT, "
+                    "LTXVModel)")  # comfy_names.NAMES
+
+
+def missing_lists(diffusion_model) -> str | None:
+    """A class DeepCache knows whose block lists this ComfyUI keeps under other names (warned once), or None."""
+    for cls in type(diffusion_model).__mro__:
+        lists = BLOCK_LISTS.get(cls.__name__)
+        gone = [name for name, _ in lists or ()
+                if not isinstance(getattr(diffusion_model, name, None), torch.nn.ModuleList)]
+        if gone:
+            comfy_names.warn_missing(BLOCK_LISTS_NAME, f"{cls.__name__} lacks {', '.join(gone)}")
+            return (f"ComfyUI {comfy_names.comfyui_version()}'s {cls.__name__} has no block list "
+                    f"{', '.join(gone)}, which DeepCache walks")
     return None
 
 

@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from .. import dynamic_vram
+from .. import comfy_names, dynamic_vram
 from . import dit_paths, unet_paths
 from .config import DeepCacheConfig, schedule_text
 from .run_state import FEATURE, RUN_KEY, ModelCall, RunState, report_run, start_run
@@ -47,11 +47,21 @@ class OuterSampleWrapper:
 
         guider = executor.class_obj
         sigmas = args[3] if len(args) > 3 else kwargs["sigmas"]
-        run = start_run(self.config, self.depth, sigmas, guider.model_patcher.get_model_object("model_sampling"),
-                        self.dit_share)
-        original = guider.model_options
+        # What a newer ComfyUI may have renamed (comfy_names.NAMES): without it the run runs in full, unchanged.
+        patcher = comfy_names.attr(guider, "model_patcher", "CFGGuider.model_patcher")
+        original = comfy_names.attr(guider, "model_options", "CFGGuider.model_options")
+        copy_options = comfy_names.attr(comfy.model_patcher, "create_model_options_clone",
+                                        "comfy.model_patcher.create_model_options_clone")
+        model_sampling = patcher.get_model_object("model_sampling") if patcher is not None else None
+        if not callable(getattr(model_sampling, "percent_to_sigma", None)):
+            if patcher is not None:
+                comfy_names.warn_missing("model_sampling.percent_to_sigma", type(model_sampling).__name__)
+            return executor(*args, **kwargs)
+        if original is None or copy_options is None:
+            return executor(*args, **kwargs)
+        run = start_run(self.config, self.depth, sigmas, model_sampling, self.dit_share)
         # The run's own copy (as EasyCache does): the node's model_options, shared by every run, stay untouched.
-        guider.model_options = comfy.model_patcher.create_model_options_clone(original)
+        guider.model_options = copy_options(original)
         guider.model_options.setdefault("transformer_options", {})[RUN_KEY] = run
         status = "error"
         try:
@@ -233,16 +243,38 @@ def apply(model_patcher, config: DeepCacheConfig):
     diffusion model is neither a ComfyUI UNetModel nor a transformer whose block loop takes ComfyUI's per-block
     replace patches. The input patcher is never modified."""
     diffusion_model = model_patcher.get_model_object("diffusion_model")
+    renamed = _missing_names(model_patcher)
+    if renamed:
+        return None, None, renamed
     if dit_paths.is_dit(diffusion_model):
         clone, depth, message = _apply_dit(model_patcher, diffusion_model, config)
     elif not unet_paths.is_unet(diffusion_model):
-        return None, None, (f"{type(diffusion_model).__name__} is neither a ComfyUI UNetModel nor a transformer "
-                            "DeepCache knows (" + ", ".join(dit_paths.BLOCK_LISTS) + ")")
+        renamed = dit_paths.missing_lists(diffusion_model)
+        return None, None, renamed or (f"{type(diffusion_model).__name__} is neither a ComfyUI UNetModel nor a "
+                                       "transformer DeepCache knows (" + ", ".join(dit_paths.BLOCK_LISTS) + ")")
     else:
+        renamed = unet_paths.missing_names(diffusion_model)
+        if renamed:
+            return None, None, renamed
         clone, depth, message = _apply_unet(model_patcher, diffusion_model, config)
     # DeepCache compiles nothing: a dynamic-VRAM model stays one (its clone is dynamic, accel/dynamic_vram.py),
     # and a reused step's skipped blocks simply fault no weights in.
     return clone, depth, message + (dynamic_vram.kept_note(clone) if clone is not None else "")
+
+
+def _missing_names(model_patcher) -> str | None:
+    """What of ComfyUI every DeepCache run reads and this ComfyUI lacks (warned once), or None."""
+    import comfy.model_patcher
+
+    gone = comfy_names.missing(comfy.model_patcher, ("create_model_options_clone",),
+                               "comfy.model_patcher.create_model_options_clone")
+    if not callable(getattr(model_patcher.get_model_object("model_sampling"), "percent_to_sigma", None)):
+        comfy_names.warn_missing("model_sampling.percent_to_sigma")
+        gone.append("model_sampling.percent_to_sigma")
+    if gone:
+        return (f"ComfyUI {comfy_names.comfyui_version()} has no {', '.join(gone)}, which DeepCache's sampling runs "
+                "read")
+    return None
 
 
 def _with_wrappers(model_patcher, outer, inner, inner_type: str):

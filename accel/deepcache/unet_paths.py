@@ -15,6 +15,10 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 
+import torch
+
+from .. import comfy_names
+
 
 def _openaimodel():
     from comfy.ldm.modules.diffusionmodules import openaimodel
@@ -22,11 +26,35 @@ def _openaimodel():
     return openaimodel
 
 
+# What the shallow path reads of ComfyUI (comfy_names.NAMES), checked when DeepCache is applied: a newer
+# ComfyUI without one passes the model through instead of failing inside a sampling run.
+UNET_CLASS = "openaimodel.UNetModel"
+FUNCTIONS = "openaimodel.forward_timestep_embed, apply_control, timestep_embedding"
+LAYOUT = ("UNetModel layout (input_blocks, middle_block, output_blocks, time_embed, label_emb, num_classes, "
+          "model_channels, out, id_predictor, predict_codebook_ids, default_num_video_frames)")
+UNET_ATTRIBUTES = ("input_blocks", "middle_block", "output_blocks", "time_embed", "num_classes", "model_channels",
+                   "out", "predict_codebook_ids", "default_num_video_frames")
+
+
 def is_unet(diffusion_model) -> bool:
     """DeepCache needs ComfyUI's UNetModel (SD1.x, SD2.x, SDXL, SVD, ...): a skip connection per input block."""
-    unet_cls = _openaimodel().UNetModel
-    return (isinstance(diffusion_model, unet_cls) and len(diffusion_model.input_blocks) > 0
-            and len(diffusion_model.input_blocks) == len(diffusion_model.output_blocks))
+    unet_cls = comfy_names.attr(_openaimodel(), "UNetModel", UNET_CLASS)
+    return (unet_cls is not None and isinstance(diffusion_model, unet_cls)
+            and len(getattr(diffusion_model, "input_blocks", ())) > 0
+            and len(diffusion_model.input_blocks) == len(getattr(diffusion_model, "output_blocks", ())))
+
+
+def missing_names(unet) -> str | None:
+    """What of ComfyUI the shallow path needs and this ComfyUI lacks (each warned once), or None."""
+    gone = comfy_names.missing(_openaimodel(), ("forward_timestep_embed", "apply_control", "timestep_embedding"),
+                               FUNCTIONS)
+    wanted = UNET_ATTRIBUTES + (("label_emb",) if getattr(unet, "num_classes", None) is not None else ()) + (
+        ("id_predictor",) if getattr(unet, "predict_codebook_ids", False) else ())
+    gone += comfy_names.missing(unet, wanted, LAYOUT)
+    if gone:
+        return (f"ComfyUI {comfy_names.comfyui_version()}'s {type(unet).__name__} has no {', '.join(gone)}, which "
+                "DeepCache's shallow path calls")
+    return None
 
 
 def branch_count(unet) -> int:
@@ -138,7 +166,7 @@ def shallow_forward(unet, depth: int, deep_h, x, timesteps=None, context=None, y
         for p in patches.get("output_block_patch", ()):
             h, hsp = p(h, hsp, to)
         if hsp is not None:
-            h = oam.th.cat([h, hsp], dim=1)
+            h = torch.cat([h, hsp], dim=1)
             del hsp
         output_shape = hs[-1].shape if hs else None
         h = oam.forward_timestep_embed(unet.output_blocks[j], h, emb, context, to, output_shape, **extra)

@@ -16,7 +16,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
-from .. import dynamic_vram, telemetry
+from .. import comfy_names, dynamic_vram, telemetry
 from .ledger import ledger_for
 from .model_source import ModelWeights
 from .sources import WeightsFile
@@ -42,6 +42,7 @@ def swap_weights(patcher, source, origin_hints: list[str] | None = None, owner: 
     import comfy.patcher_extension as ext
 
     patcher = _non_dynamic(patcher)
+    _check_comfyui(patcher)
     check_fits(source, patcher)
     out = _without_swap(patcher)
     out.set_attachments(KEY, SwapPlan(source, list(origin_hints or []), owner))
@@ -79,6 +80,46 @@ def _without_swap(patcher):
     out.remove_wrappers_with_key(ext.WrappersMP.PREPARE_SAMPLING, KEY)
     out.patches_uuid = uuid.uuid4()
     return out
+
+
+# What of ComfyUI a swap writes through (comfy_names.NAMES): object -> (attributes, its name in NAMES)
+PATCHER_NAMES = {
+    "ModelPatcher.backup (entries of weight, inplace_update)": ("backup",),
+    "ModelPatcher.patches": ("patches",),
+    "ModelPatcher.patches_uuid (written)": ("patches_uuid",),
+    "ModelPatcher.patch_weight_to_device, unpatch_model, offload_device": ("patch_weight_to_device", "unpatch_model",
+                                                                          "offload_device"),
+}
+MODEL_NAMES = {
+    "BaseModel.diffusion_model": ("diffusion_model",),
+    "BaseModel.current_weight_patches_uuid (Swap Weights)": ("current_weight_patches_uuid",),
+    "BaseModel.model_type, model_config (model_type(), sampling_settings)": ("model_type", "model_config"),
+}
+MODULE_NAMES = {
+    "comfy.utils.get_attr, copy_to_param": ("comfy.utils", ("get_attr", "copy_to_param")),
+    "comfy.model_patcher.get_key_weight": ("comfy.model_patcher", ("get_key_weight",)),
+    "comfy.model_detection.unet_prefix_from_state_dict": ("comfy.model_detection", ("unet_prefix_from_state_dict",)),
+    "comfy.model_management.throw_exception_if_processing_interrupted": (
+        "comfy.model_management", ("throw_exception_if_processing_interrupted",)),
+}
+
+
+def _check_comfyui(patcher) -> None:
+    """Raise ValueError, before anything changes, where this ComfyUI lacks what a swap writes through: a model
+    passed through unswapped would give another picture than the one asked for."""
+    import importlib
+
+    gone = []
+    for name, attributes in PATCHER_NAMES.items():
+        gone += comfy_names.missing(patcher, attributes, name)
+    for name, attributes in MODEL_NAMES.items():
+        gone += comfy_names.missing(patcher.model, attributes, name)
+    for name, (module, attributes) in MODULE_NAMES.items():
+        gone += [f"{module}.{a}" for a in comfy_names.missing(importlib.import_module(module), attributes, name)]
+    if gone:
+        raise ValueError(f"Swap Weights: ComfyUI {comfy_names.comfyui_version()} has no {', '.join(gone)}, which "
+                         "Swap Weights writes the weights through (docs/comfyui_compat.md); this version of the pack "
+                         "cannot swap weights on it: use a ComfyUI it was checked on, or update the pack.")
 
 
 def _non_dynamic(patcher):
