@@ -22,6 +22,7 @@ from .. import telemetry
 from .auto_mode import abandon_call, finish_call, inputs_key, plan_call, start_call
 from .background import IDLE_GATE
 from .blocks import cannot_compile_reason, scan_attention_holders
+from .cuda_graphs import finish_graphs, plan_graphs, warn_if_off
 from .dispatch import BlockDispatcher
 from .kinds import wait_for_device
 from .model_record import model_record
@@ -85,6 +86,9 @@ class CompiledApplyModel:
         # A fully loaded model (ComfyUI's model_lowvram flag unset) has every weight on the compute device, so
         # the per-block offload check is only needed after a partial load.
         partial = getattr(base_model, "model_lowvram", True)
+        warn_if_off(options, policy, x.device)
+        plan.graphs = plan_graphs(record, plan.routes, plan.always_compiled, policy, x.device.type, partial)
+        timed = plan.timed or (plan.graphs is not None and plan.graphs.side is not None)
         installed = []
         start_call(record, plan)
         try:
@@ -97,11 +101,11 @@ class CompiledApplyModel:
                 site.module.__dict__[site.attribute] = BlockDispatcher(site, entry, plan, allow_sdpa, reason,
                                                                        progress)
                 installed.append(site)
-            if plan.timed:
+            if timed:
                 wait_for_device(x.device.type)
             start = time.perf_counter()
             out = executor(*args, **kwargs)
-            if plan.timed:
+            if timed:
                 wait_for_device(x.device.type)
             seconds = time.perf_counter() - start
         except BaseException:
@@ -111,6 +115,7 @@ class CompiledApplyModel:
             for site in installed:
                 site.module.__dict__.pop(site.attribute, None)
         finish_call(record, plan, seconds, (tuple(x.shape), str(x.dtype)), inputs)
+        finish_graphs(record, plan.graphs, seconds, (tuple(x.shape), str(x.dtype), plan.blocks))
         return out
 
 
