@@ -4,6 +4,7 @@ of steady samplings (medians per step), peak VRAM per variant, each output again
 ComfyUI 0.33 step; issue 69 item 5).
 
     python bench/dynamic_vram.py --vram dynamic|disabled [--latent 128] [--steps 8] [--rounds 3]
+    python bench/dynamic_vram.py --vram disabled --family sd3 --model accel-tiny-sd3.safetensors --latent 8  # a CPU
 
 `--vram dynamic` sets dynamic VRAM up as ComfyUI 0.33's main.py does (comfy-aimdo's init before torch starts CUDA,
 its devices after, ModelPatcherDynamic as the core patcher); where it cannot be had (a CPU, ComfyUI before 0.33,
@@ -129,6 +130,8 @@ def main() -> None:
     parser = cli.parser(__doc__, model=FLUX_BENCH.file_name, steps=8, latent=128, rounds=3,
                         variants=",".join(VARIANTS))
     parser.add_argument("--vram", choices=("dynamic", "disabled"), required=True)
+    parser.add_argument("--family", default="flux", help="tools/families.py's conditioning, latent and cfg for "
+                                                         "--model (default: Flux's, for the benchmark Flux)")
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps: use 2 or more (steady steps leave out each sampling's first)")
@@ -145,10 +148,15 @@ def main() -> None:
                   dynamic_class=hasattr(comfy.model_patcher, "ModelPatcherDynamic"))
     pack = load_pack()
     memory = DeviceMemory()
-    conds = conditioning(4096, 77, pooled=True)
+    from tools.families import BY_FAMILY
+
+    family = BY_FAMILY[args.family]
+    conds = conditioning(4096, 77, pooled=True) if args.family == "flux" else family.conds(0)
+    shape = (*family.latent_shape[:-2], args.latent, args.latent)
+    result["family"] = args.family
 
     def run(variant_model_, steps=args.steps):
-        return sample(variant_model_, conds, (1, 16, args.latent, args.latent), steps, 1.0)
+        return sample(variant_model_, conds, shape, steps, family.cfg)
 
     made, variants = {}, {}
     for name in args.variants.split(","):

@@ -143,16 +143,17 @@ def test_every_command_of_the_plan_parses_its_arguments(tmp_path):
 
 
 def test_the_033_report_renders_from_a_real_run():
-    """bench/dynamic_vram.py on this CPU (the generated Flux, two steps, eager alone: seconds), its RESULT read by
-    the step's report as on a GPU: the table's row, and the mode said (no dynamic VRAM without a GPU)."""
+    """bench/dynamic_vram.py on this CPU (the generated SD3, 4 MB, two steps, eager alone: seconds; the generated
+    Flux is 2 GB), its RESULT read by the step's report as on a GPU: the table's row, and the mode said (no dynamic
+    VRAM without a GPU)."""
     import importlib.util
 
     sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
     gpu = sys.modules["bench_gpu"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
     spec.loader.exec_module(gpu)
-    cmd = [sys.executable, "bench/dynamic_vram.py", "--vram", "dynamic", "--model", "accel-tiny-flux.safetensors",
-           "--latent", "8", "--steps", "2", "--rounds", "1", "--variants", "eager"]
+    cmd = [sys.executable, "bench/dynamic_vram.py", "--vram", "dynamic", "--family", "sd3", "--model",
+           "accel-tiny-sd3.safetensors", "--latent", "8", "--steps", "2", "--rounds", "1", "--variants", "eager"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 0, done.stderr[-3000:]

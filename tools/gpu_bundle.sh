@@ -12,7 +12,7 @@
 # .gpu/comfyui-0.33.tar.xz (the shared 0.33.0 tree, ../shared/comfyui/0.33.0) and .gpu/site-0.33.tar.xz: the
 # wheels 0.33 needs beyond those, comfy-aimdo and comfy-kitchen at its requirements' pins, blake3 and simpleeval.
 # comfy-kitchen's wheel is 58 MB, most of it device code for six GPU generations: its ROCm backend is left out
-# and its CUDA library cut to sm_90 machine code and its PTX (tools/harness/fatbin.py; GPU_ARCHS to change), which
+# and its CUDA library cut to sm_90 machine code (tools/harness/fatbin.py; GPU_ARCHS to change), which
 # `run` checks on the GPU before anything else (a failed check removes it: kitchen then runs its eager backend,
 # and the log says so). GPU_BUNDLE_033=0 leaves 0.33 out. The checkout itself travels too (28 MB on 2026-12-01,
 # the digits models in bench/assets most of it): `pack` prints what the call would carry against the 64 MiB.
@@ -38,7 +38,8 @@ tree() {  # tree ARCHIVE FOLDER: a ComfyUI without its models, caches, tests or 
     tar -cJf "$1" -C "$(dirname "$(realpath "$2")")" --exclude='*.safetensors' --exclude='*.pt' \
         --exclude='*.pth' --exclude='*.ckpt' --exclude=accel_cache --exclude=accel-template-standins \
         --exclude=__pycache__ --exclude=.git --exclude=comfyui-accel --exclude=tests --exclude=tests-unit \
-        --exclude=blueprints --exclude='output/*' --exclude='temp/*' "$(basename "$(realpath "$2")")"
+        --exclude=blueprints --exclude='*_tokenizer' --exclude='output/*' --exclude='temp/*' \
+        "$(basename "$(realpath "$2")")"  # *_tokenizer: text encoders' vocabularies (17 MB), which no step loads
 }
 
 case "${1:-}" in
@@ -55,7 +56,8 @@ pack)
         download .gpu/wheels-033 $pins $WHEELS_033
         for wheel in .gpu/wheels-033/*.whl; do (cd .gpu/site-033 && unzip -q -o "../../$wheel"); done
         rm -rf .gpu/site-033/comfy_kitchen/backends/hip  # AMD's: imported only by a ROCm torch
-        "$PY" -m tools.harness.fatbin .gpu/site-033/comfy_kitchen/backends/cuda/_C.abi3.so --keep "${GPU_ARCHS:-90}"
+        "$PY" -m tools.harness.fatbin .gpu/site-033/comfy_kitchen/backends/cuda/_C.abi3.so --keep "${GPU_ARCHS:-90}" \
+            --no-ptx
         tar -cf - -C .gpu/site-033 . | xz -6 -T0 > .gpu/site-0.33.tar.xz
         tree .gpu/comfyui-0.33.tar.xz "$SOURCE_033"
     fi

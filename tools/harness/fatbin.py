@@ -1,10 +1,10 @@
 """A CUDA extension's device code cut to the GPUs a bundle is for (tools/gpu_bundle.sh): the lent GPU machine
 receives 64 MiB in all, and comfy-kitchen's CUDA backend alone holds 172 MB of device code for six architectures
 (sm_75 to sm_120; 21 MB with xz). Each fat binary in the library's .nv_fatbin section keeps its header where it
-is, lists only the machine code of the architectures kept and every PTX entry (the driver's fallback), and the
-bytes freed are zeros, so nothing else in the file moves and xz packs them into nothing.
+is, lists only the machine code of the architectures kept (and every PTX entry, the driver's fallback, unless
+--no-ptx), and the bytes freed are zeros, so nothing else in the file moves and xz packs them into nothing.
 
-    python -m tools.harness.fatbin LIBRARY.so --keep 90 [--check]
+    python -m tools.harness.fatbin LIBRARY.so --keep 90 [--no-ptx]
 """
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ def entries(blob: bytes, start: int) -> tuple[int, list[tuple[int, int, int, int
     return end, found
 
 
-def trim(data: bytearray, offset: int, size: int, keep: set[int]) -> dict:
-    """Cut every fat binary in data[offset:offset+size] to the ELF entries of `keep` and the PTX ones, in place."""
+def trim(data: bytearray, offset: int, size: int, keep: set[int], ptx: bool = True) -> dict:
+    """Cut every fat binary in data[offset:offset+size] to the ELF entries of `keep` (and the PTX ones, unless
+    not `ptx`), in place."""
     at, stats = offset, {"binaries": 0, "kept": 0, "dropped": 0, "bytes_freed": 0, "without_kept_arch": 0}
     while at + HEADER.size <= offset + size:
         magic, version, header_size, _ = HEADER.unpack_from(data, at)
@@ -52,7 +53,7 @@ def trim(data: bytearray, offset: int, size: int, keep: set[int]) -> dict:
             at += 8  # fat binaries are 8-byte aligned, zeros between them
             continue
         end, found = entries(data, at)
-        kept = [e for e in found if e[2] == PTX or (e[2] == ELF and e[3] in keep)]
+        kept = [e for e in found if (ptx and e[2] == PTX) or (e[2] == ELF and e[3] in keep)]
         stats["binaries"] += 1
         stats["without_kept_arch"] += not any(e[2] == ELF and e[3] in keep for e in found)
         body = b"".join(bytes(data[o:o + n]) for o, n, _, _ in kept)
@@ -85,10 +86,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("library", type=Path)
     parser.add_argument("--keep", default="90", help="comma-separated architectures (90: H100 and H200)")
+    parser.add_argument("--no-ptx", action="store_true", help="drop the PTX too (the kept machine code serves)")
     args = parser.parse_args()
     keep = {int(a) for a in args.keep.split(",")}
     data = bytearray(args.library.read_bytes())
-    stats = trim(data, *fatbin_section(args.library), keep)
+    stats = trim(data, *fatbin_section(args.library), keep, ptx=not args.no_ptx)
     if stats["without_kept_arch"]:
         raise SystemExit(f"{args.library}: {stats['without_kept_arch']} fat binaries have no machine code for "
                          f"{sorted(keep)}; left as it was")
