@@ -38,8 +38,9 @@ tree() {  # tree ARCHIVE FOLDER: a ComfyUI without its models, caches, tests or 
     tar -cJf "$1" -C "$(dirname "$(realpath "$2")")" --exclude='*.safetensors' --exclude='*.pt' \
         --exclude='*.pth' --exclude='*.ckpt' --exclude=accel_cache --exclude=accel-template-standins \
         --exclude=__pycache__ --exclude=.git --exclude=comfyui-accel --exclude=tests --exclude=tests-unit \
-        --exclude=blueprints --exclude='*_tokenizer' --exclude='output/*' --exclude='temp/*' \
-        "$(basename "$(realpath "$2")")"  # *_tokenizer: text encoders' vocabularies (17 MB), which no step loads
+        --exclude=blueprints --exclude='comfy/text_encoders/*_tokenizer' --exclude=comfy/sd1_tokenizer \
+        --exclude='output/*' --exclude='temp/*' "$(basename "$(realpath "$2")")"  # the text encoders' vocabularies
+    # (17 MB, read only by a text encoder, which no step loads; comfy/ldm/cosmos/cosmos_tokenizer is code: kept)
 }
 
 case "${1:-}" in
