@@ -141,6 +141,8 @@ def run_flux_variant(variant: str, model_name: str, steps: int, latent: int, out
     steady, steady_again = sample_model(latent, steps), sample_model(latent, steps)
     result["steady_s_per_step"] = statistics.median(steady.step_s[1:] + steady_again.step_s[1:])
     result["paired"] = paired_steady(sample_model, sampler(base, flux=True), latent, steps)
+    if gpu:  # what the GPU itself spends a step on, against the wall time: the launch-bound share
+        result["kernel_ms_per_step"] = kernel_ms_per_step(lambda: sample_model(latent, steps), steps)
     for name, values, kwargs in (("prompt_length", FLUX_TOKENS, lambda v: {"tokens": v}),
                                  ("size", FLUX_SIZES, lambda v: {"size": v})):
         for key in (f"compiles_in_{name}_sweep", f"compiles_in_repeated_{name}_sweep"):
@@ -155,6 +157,16 @@ def run_flux_variant(variant: str, model_name: str, steps: int, latent: int, out
     if engine is not None:
         result.update(accel_summary(engine))
     return result
+
+
+def kernel_ms_per_step(run, steps: int) -> float:
+    """The GPU's busy time per step in one sampling (`run`), from torch.profiler: every kernel, copy and fill on
+    the device, each counted once (its self time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+    return sum(event.self_device_time_total for event in prof.key_averages()) / 1e3 / steps
 
 
 def background_and_loading(engine, resample) -> dict | None:
@@ -191,6 +203,7 @@ def accel_summary(engine) -> dict:
     return {"accel_paths": {k["kind"]: k["path"] for k in stats["kinds"]},
             "accel_compile_seconds": stats["totals"]["compile_seconds"],
             "accel_call_shares": {k["kind"]: k["call_share"] for k in stats["kinds"]},
+            "accel_graphs": {k["kind"]: k["cuda_graphs"] for k in stats["kinds"] if k.get("cuda_graphs")},
             "accel_whole_call_checks": [{k: c[k] for k in ("verdict", "reason", "calls_timed")}
                                         for c in stats["whole_call_checks"].values()]}
 

@@ -2,8 +2,13 @@
 of STEPS, each in processes of its own (the existing benchmarks, called with arguments), within one shared time
 budget (10 minutes), written to docs/benchmarks/gpu.md. Without a GPU it says so and exits 0, writing nothing;
 `--dry-run` prints the plan (each step's commands and time budget) on any machine. Exit 1 when a check failed.
+`--only flux,comfyui-0.33` runs those steps alone (a second call of the same lease).
 
-    python bench/gpu.py [--dry-run] [--budget 600] [--out docs/benchmarks/gpu.md]
+    python bench/gpu.py [--dry-run] [--budget 600] [--only STEP,...] [--out docs/benchmarks/gpu.md]
+
+The ComfyUI 0.33 step runs on a second ComfyUI beside the one under test: the one tools/gpu_bundle.sh unpacked
+(ACCEL_GPU_COMFYUI_033 and ACCEL_GPU_SITE_033), else the one `make setup COMFYUI=0.33.0` made, else this one
+when it is 0.33 or later.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import _path  # noqa: F401  (the project root on sys.path)
-from tools.comfy_env import ROOT, comfyui_dir, comfyui_version
+from tools.comfy_env import RELEASES, ROOT, comfyui_dir, comfyui_version
 from tools.families import FAMILIES
 from tools.family_models import FLUX_BENCH
 from tools.harness import cli
@@ -50,8 +55,7 @@ LOADED_BOUND = 1.10
 # variant costs the rest of the process. The H200 run (gpu_h200.md) found the defaults' process 1.29x slower at
 # eager steps, core's 1.01x.
 TAX_BOUND = 1.10
-DYNAMIC_PROBE = ("import json; from tools.comfy_env import import_comfyui; import_comfyui(cpu=False); from "
-                 "comfy.cli_args import enables_dynamic_vram as on; print('RESULT', json.dumps({'on': bool(on())}))")
+FLUX_VARIANTS = "eager,core,accel,accel-compiled,accel-graphs"  # accel-graphs: the defaults with CUDA graphs
 checks: list[tuple[str, str]] = []  # (PASS, FAIL or SKIPPED, what)
 
 
@@ -103,13 +107,6 @@ def doctor_step(runs: list[dict]) -> list[str]:
             *(f"- warning: {w}" for w in r["warnings"] or ["none: no known thread problem found"])]
 
 
-def dynamic_vram_step(runs: list[dict]) -> list[str]:
-    if not (found := json_lines(runs[0]["stdout"])):
-        return [check(False, f"dynamic VRAM probe on ComfyUI {comfyui_version()}: {failure(runs[0])}")]
-    return [f"ComfyUI {comfyui_version()}'s `enables_dynamic_vram()`: {found[0]['on']}. The families, Flux and cache "
-            f"steps ran on this ComfyUI, {'so with' if found[0]['on'] else 'but without'} dynamic VRAM."]
-
-
 def families_step(runs: list[dict]) -> list[str]:
     results = {r["family"]: r for run in runs for r in json_lines(run["stdout"]) if "family" in r}
     process_of = {name: run for run in runs for name in run["cmd"][run["cmd"].index("--families") + 1].split(",")}
@@ -148,7 +145,8 @@ def flux_step(runs: list[dict]) -> list[str]:
         repeats = r["compiles_in_repeated_prompt_length_sweep"] + r["compiles_in_repeated_size_sweep"]
         rows.append([r["variant"], f(r["cold_first_sample_s"], unit=" s"),
                      f"{bg['wait_after_first_sampling_s']:.3g} / {bg['loading_sampling_s']:.3g} s" if bg else "",
-                     f(r["steady_s_per_step"] * 1e3, ".1f"), f"{p['s_per_step'] * 1e3:.1f}, "
+                     f(r["steady_s_per_step"] * 1e3, ".1f"), f(r.get("kernel_ms_per_step"), ".1f"),
+                     f"{p['s_per_step'] * 1e3:.1f}, "
                      f"{p['eager_s_per_step'] * 1e3:.1f}, {p['vs_eager']:.3f}",
                      f(r.get("peak_gpu_allocated_mib"), ".0f", " MiB"), f(r["peak_rss_sampling_mib"], ".0f", " MiB"),
                      f"{r['compiles_in_prompt_length_sweep']} / {r['compiles_in_size_sweep']}, {repeats}",
@@ -160,14 +158,32 @@ def flux_step(runs: list[dict]) -> list[str]:
     for variant, tax in taxes.items():
         check(tax <= TAX_BOUND, f"Flux {variant}: plain eager steps {tax:.3f}x as long in its process as in eager's "
               f"(bound {TAX_BOUND})")
-    for variant in sorted({"eager", "core", "accel", "accel-compiled"} - {r["variant"] for r in report["results"]}):
+    for variant in sorted(set(FLUX_VARIANTS.split(",")) - {r["variant"] for r in report["results"]}):
         check(False, f"Flux {variant} did not finish: {failure(runs[0])}", "SKIPPED" if spent(runs[0]) else None)
-    return [*markdown_table("variant,cold first sampling,child's wait / loading sampling,steady ms/step,paired with "
-                            "eager: ms/step / eager's / ratio,peak GPU allocated,peak RSS,compiles in prompt-length / "
-                            "size sweeps; on their repeats,error vs eager: first / steady".split(","), rows),
+    return [*markdown_table("variant,cold first sampling,child's wait / loading sampling,steady ms/step,GPU kernels "
+                            "ms/step,paired with eager (interleaved rounds, medians): ms/step / eager's / ratio,peak "
+                            "GPU allocated,peak RSS,compiles in prompt-length / size sweeps; on their repeats,error vs "
+                            "eager: first / steady".split(","), rows),
             "", *(f"- {k}: {v:.3g}" for k, v in report.get("ratios", {}).items()),
             *(f"- plain eager's step in the {v} process / in eager's: {t:.3f}" for v, t in taxes.items()),
-            "- GPU kernel time per step: not measured by this script (gpu_h100.md took it with torch.profiler)."]
+            *speed_targets({r["variant"]: r for r in report["results"]}),
+            *(f"- {r['variant']}: CUDA graphs per kind {r['accel_graphs']}" for r in report["results"]
+              if r.get("accel_graphs")),
+            "- GPU kernels: the device's busy time in one steady sampling (torch.profiler, kernels, copies and "
+            "fills), per step; the rest of a step's wall time is launch and host work."]
+
+
+def speed_targets(by: dict) -> list[str]:
+    """Issue 68's targets, as measured (lines, not checks: they say where the pack stands)."""
+    eager = by.get("eager", {}).get("steady_s_per_step")
+    lines = []
+    for name, target in (("core", None), ("accel", "at least 1.24x, core's"), ("accel-compiled", None),
+                         ("accel-graphs", "at least 1.4x where graphs pay")):
+        steady = by.get(name, {}).get("steady_s_per_step")
+        if eager and steady:
+            lines.append(f"- {name}: {eager / steady:.3f}x eager's speed (steady step)"
+                         + (f"; target {target}" if target else ""))
+    return lines
 
 
 def process_taxes(results: list[dict]) -> dict[str, float]:
@@ -234,6 +250,86 @@ def comfyui_at_least(version: tuple[int, int]) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class OtherComfyUI:
+    """A second ComfyUI to run a step's commands on: its Python, the environment that points the project at it,
+    and why there is none (then the step is a note)."""
+    python: str = PY
+    env: dict | None = None
+    missing: str | None = None
+
+
+def comfyui_033() -> OtherComfyUI:
+    """ComfyUI 0.33 for its step: unpacked by tools/gpu_bundle.sh, else set up by `make setup COMFYUI=0.33.0`,
+    else the ComfyUI under test if it is 0.33 or later."""
+    bundled, site = os.environ.get("ACCEL_GPU_COMFYUI_033"), os.environ.get("ACCEL_GPU_SITE_033")
+    if bundled:
+        path = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+        return OtherComfyUI(PY, {"COMFYUI_DIR": bundled, "ACCEL_COMFYUI": "0.33.0", "PYTHONPATH": path})
+    if comfyui_at_least((0, 33)):
+        return OtherComfyUI()
+    release = RELEASES["0.33.0"]
+    python = ROOT / release["venv"] / "bin" / "python"
+    if (release["folder"] / "main.py").exists() and python.exists():
+        return OtherComfyUI(str(python), {"COMFYUI_DIR": str(release["folder"]), "ACCEL_COMFYUI": "0.33.0"})
+    return OtherComfyUI(missing=f"no ComfyUI 0.33 here: the one under test is {comfyui_version()}, and neither "
+                                f"tools/gpu_bundle.sh's nor `make setup COMFYUI=0.33.0`'s ({release['folder']}) is")
+
+
+# The benchmark Flux's file, linked into the other ComfyUI's models folder (the models step wrote it here).
+LINK_MODEL = ("import os, sys; from pathlib import Path; from tools.comfy_env import comfyui_dir; "
+              "src = Path(sys.argv[1]); dst = comfyui_dir() / 'models' / 'diffusion_models' / src.name; "
+              "dst.exists() or os.symlink(src, dst); print('[models]', dst, '->', src)")
+
+
+def comfyui_033_commands(scratch: str) -> list[list[str]]:
+    other = comfyui_033()
+    if other.missing:
+        return []
+    flux = comfyui_dir() / "models" / "diffusion_models" / FLUX_BENCH.file_name
+    return [[other.python, "-c", LINK_MODEL, str(flux)],
+            *([other.python, "bench/dynamic_vram.py", "--vram", vram, "--latent", "128", "--steps", "8",
+               "--rounds", "3"] for vram in ("dynamic", "disabled"))]
+
+
+def comfyui_033_step(runs: list[dict]) -> list[str]:
+    rows, lines = [], []
+    for run in runs[1:]:
+        if not (found := json_lines(run["stdout"])):
+            check(False, f"ComfyUI 0.33, {shlex.join(run['cmd'][2:])}: {failure(run) or 'no RESULT line'}",
+                  "SKIPPED" if spent(run) else None)
+            continue
+        r = found[0]
+        mode = "dynamic VRAM" if r["dynamic_vram"] else f"without dynamic VRAM ({r['why_not'] or 'disabled'})"
+        lines.append(f"- `--vram {r['vram']}`: ComfyUI {r['comfyui']}, {mode}; the loaded model is a "
+                     f"{r['patcher']} (dynamic: {r['is_dynamic']})")
+        tol = TOLERANCE["torch.float16"]
+        for name, v in r["variants"].items():
+            rows.append([r["vram"], name, v["is_dynamic"], f(v["first_sampling_s"], unit=" s"),
+                         f(v.get("child_wait_s"), unit=" s"), f(v["steady_ms_per_step"], ".1f"),
+                         f(v.get("peak_device_used_mib"), ".0f", " MiB"), f(v.get("peak_torch_allocated_mib"), ".0f",
+                                                                            " MiB"),
+                         f"{f(v.get('first_error_vs_eager'), '.2g')} / {f(v.get('error_vs_eager'), '.2g')}",
+                         ", ".join(f"{k}={p}" for k, p in v.get("paths", {}).items())])
+            if name != "eager" and v.get("error_vs_eager") is not None:
+                error = max(v["error_vs_eager"], v["first_error_vs_eager"])
+                check(error <= tol, f"ComfyUI 0.33 ({r['vram']}) {name}: error {error:.2g} (fp16 tolerance {tol:g})")
+        eager, accel, core = (r["variants"].get(n, {}).get("steady_ms_per_step") for n in ("eager", "accel", "core"))
+        if eager and accel and core:
+            lines.append(f"  - the defaults' steady step against the faster of eager and core: "
+                         f"{min(eager, core) / accel:.3f}x (target at least 1)")
+        peak_e, peak_a = (r["variants"].get(n, {}).get("peak_device_used_mib") for n in ("eager", "accel"))
+        if peak_e and peak_a:
+            lines.append(f"  - the defaults' peak VRAM over eager's: {peak_a / peak_e:.3f}x (target at most 1.05 "
+                         "with dynamic VRAM)")
+    return [*markdown_table("--vram,variant,model dynamic,first sampling,child's wait,steady ms/step (interleaved "
+                            "rounds, medians),peak device used,peak torch allocated,error vs eager: first / settled,"
+                            "auto mode's paths".split(","), rows),
+            "", *lines, "", "Each VRAM mode in one process, on empty caches of its own. Flux on 0.33.0 has no core "
+            "block CUDA graphs (comfy/ldm/flux/model.py never calls comfy.model_prefetch), so eager with dynamic "
+            "VRAM is what a default NVIDIA install runs."]
+
+
 @dataclass
 class Step:
     name: str
@@ -244,33 +340,38 @@ class Step:
     note: Callable[[], str] = str  # why nothing runs, when commands gives none
     parallel: bool = False  # its commands at once
     shared_cache: bool = False  # its commands share one TORCHINDUCTOR_CACHE_DIR and ACCEL_CACHE_DIR
+    own_caches: bool = False  # each command on empty caches of its own
+    env: Callable[[], dict | None] = lambda: None  # more environment for its commands (another ComfyUI)
 
 
-STEPS = [  # cheap steps first: a budget spent by the long ones leaves them done
-    Step("models", "The benchmark Flux's file (generated when missing)", 150, lambda s: [
+# The order is the priority: a budget spent by the earlier steps leaves the later ones SKIPPED, said so. From the
+# H200 run of 2026-11-26 (gpu_h200.md) and the probes' own estimates: models 17 s, doctor 4 s, flux 206 s with four
+# variants (about 260 s with five), tax about 110 s, families 102 s, cache 60 s; the 0.33 step about 150 s (not
+# run yet). That is over 540 s: the cache step, already measured at 1.019x, goes last, and `--only` reruns any.
+STEPS = [
+    Step("models", "The benchmark Flux's file (generated when missing)", 60, lambda s: [
         [PY, "tools/make_models.py", "--set", "full", "--only", FLUX_BENCH.file_name]], models_step),
-    Step("doctor", "Thread diagnostic", 30, lambda s: [[PY, "-m", "accel", "doctor", "--json"]], doctor_step),
-    Step("dynamic-vram", "ComfyUI 0.33's dynamic VRAM", 60,
-         lambda s: [[PY, "-c", DYNAMIC_PROBE]] if comfyui_at_least((0, 33)) else [], dynamic_vram_step,
-         note=lambda: f"not measured: ComfyUI {comfyui_version()} at {comfyui_dir()} has no dynamic VRAM; with "
-                      "COMFYUI_DIR at a ComfyUI 0.33 checkout every step runs on it, this one included."),
+    Step("doctor", "Thread diagnostic", 20, lambda s: [[PY, "-m", "accel", "doctor", "--json"]], doctor_step),
     Step("lowvram", "Partial loading (lowvram)", 0, lambda s: [],
          note=lambda: "not measured by this script yet: bench/compile_model.py and bench/compile_families.py take no "
                       "ComfyUI flags (they set only `cpu`), so ComfyUI's `--lowvram` cannot reach them; on the CPU "
                       "tests/test_compile_flux.py checks a half-loaded Flux's output."),
-    Step("families", "Every family at fp16/bf16 against its tolerance", 240, lambda s: [
-        [PY, "bench/compile_families.py", "--families", ",".join(NAMES[i:i + FAMILIES_PER_PROCESS]), "--scale", "4",
-         "--steps", "4"] for i in range(0, len(NAMES), FAMILIES_PER_PROCESS)], families_step, parallel=True),
-    Step("flux", "The benchmark Flux at 1024x1024", 240, lambda s: [
-        [PY, "bench/compile_model.py", *FLUX, "--variants", "eager,core,accel,accel-compiled"]], flux_step),
-    Step("cache", "A process that loaded from the cache against one that compiled", 180, lambda s: [
-        [PY, "bench/compile_model.py", "--child", "accel", *FLUX, "--outputs", s]] * 2, cache_step,
-         shared_cache=True),
+    Step("flux", "The benchmark Flux at 1024x1024: eager, core, the defaults, always compiled, with CUDA graphs", 280,
+         lambda s: [[PY, "bench/compile_model.py", *FLUX, "--variants", FLUX_VARIANTS]], flux_step),
     # One cache: the first process compiles in its child, the other two load (62 s against about 35 s a process on
     # the H200, where loading and compiling processes paid the same tax).
     Step("tax", "What the defaults cost the rest of their process", 200, lambda s: [
         [PY, "bench/process_tax.py"], [PY, "bench/process_tax.py", "--omp-passive"],
         [PY, "bench/process_tax.py", "--malloc-fixed"]], tax_step, shared_cache=True),
+    Step("comfyui-0.33", "ComfyUI 0.33: the benchmark Flux with and without dynamic VRAM", 200,
+         comfyui_033_commands, comfyui_033_step, own_caches=True, env=lambda: comfyui_033().env,
+         note=lambda: f"not measured: {comfyui_033().missing}"),
+    Step("families", "Every family at fp16/bf16 against its tolerance", 150, lambda s: [
+        [PY, "bench/compile_families.py", "--families", ",".join(NAMES[i:i + FAMILIES_PER_PROCESS]), "--scale", "4",
+         "--steps", "4"] for i in range(0, len(NAMES), FAMILIES_PER_PROCESS)], families_step, parallel=True),
+    Step("cache", "A process that loaded from the cache against one that compiled", 120, lambda s: [
+        [PY, "bench/compile_model.py", "--child", "accel", *FLUX, "--outputs", s]] * 2, cache_step,
+         shared_cache=True),
 ]
 
 
@@ -279,11 +380,12 @@ def run_step(step: Step, end: float) -> list[dict]:
     compile workers, background children) when it ends or at `end`; output goes to files (a full pipe would
     stall a process nobody reads yet)."""
     with tempfile.TemporaryDirectory(prefix=f"accel-gpu-{step.name}-") as scratch:
-        env = cache_env(Path(scratch)) if step.shared_cache else dict(os.environ)
+        env = {**(cache_env(Path(scratch)) if step.shared_cache else os.environ), **(step.env() or {})}
 
         def launch(number: int, cmd: list[str]) -> dict:
             files = [open(f"{scratch}/{number}.{kind}", "w+") for kind in ("out", "err")]  # noqa: SIM115
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, start_new_session=True, stdout=files[0],
+            own = cache_env(Path(scratch) / str(number), env) if step.own_caches else env
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=own, text=True, start_new_session=True, stdout=files[0],
                                     stderr=files[1])
             return {"cmd": cmd, "shown": show(cmd, step, scratch), "proc": proc, "files": files,
                     "start": time.monotonic(), "started_at": time.time()}
@@ -312,7 +414,9 @@ def run_step(step: Step, end: float) -> list[dict]:
 
 def show(cmd: list[str], step: Step, scratch: str) -> str:
     cache = "TORCHINDUCTOR_CACHE_DIR=$SCRATCH/torch ACCEL_CACHE_DIR=$SCRATCH/accel " if step.shared_cache else ""
-    return cache + shlex.join(["python", *cmd[1:]]).replace(scratch, "$SCRATCH")
+    cache = "TORCHINDUCTOR_CACHE_DIR=$SCRATCH/N/torch ACCEL_CACHE_DIR=$SCRATCH/N/accel " if step.own_caches else cache
+    other = "".join(f"{k}={v} " for k, v in (step.env() or {}).items() if k != "PYTHONPATH")
+    return other + cache + shlex.join(["python", *cmd[1:]]).replace(scratch, "$SCRATCH")
 
 
 def main() -> int:
@@ -320,14 +424,22 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     parser.add_argument("--budget", type=float, default=600.0, help="seconds for every step together")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "gpu.md")
+    parser.add_argument("--only", help="comma-separated step names: run these alone, in the plan's order")
     args = parser.parse_args()
+    steps = STEPS
+    if args.only:
+        unknown = set(args.only.split(",")) - {step.name for step in STEPS}
+        if unknown:
+            parser.error(f"--only: no step {', '.join(sorted(unknown))}; the steps: "
+                         f"{', '.join(step.name for step in STEPS)}")
+        steps = [step for step in STEPS if step.name in args.only.split(",")]
     import torch
 
     gpu = torch.cuda.is_available()
     if args.dry_run or not gpu:
         print(f"dry run ({'a' if gpu else 'no'} CUDA GPU here): nothing runs" if args.dry_run else NO_GPU)
         print(f"The checks it would run ({args.budget:.0f} s in all, each step at most its own budget):")
-        for number, step in enumerate(STEPS, 1):
+        for number, step in enumerate(steps, 1):
             commands = step.commands("/scratch")
             what = f"budget {step.budget_s} s{', its processes at once' * step.parallel}" if commands else "a note"
             print(f"{number}. {step.name}: {step.title} ({what})")
@@ -335,7 +447,7 @@ def main() -> int:
             print("".join(f"   {line}\n" for line in details) if args.dry_run else "", end="")
         return 0
     began, doc = time.monotonic(), []
-    for number, step in enumerate(STEPS, 1):
+    for number, step in enumerate(steps, 1):
         doc += ["", f"## {number}. {step.title}"]
         left = began + args.budget - time.monotonic()
         if not step.commands("/scratch"):

@@ -14,6 +14,7 @@ import time
 from .attention import compiled_block_options
 from .background import ACTIVITY, Capture
 from .blocks import BlockSite, attention_swapped, block_safe_options, whole_model_safe_options
+from .cuda_graphs import graphs_of
 from .kinds import WOULD_COMPILE, KindEntry, wait_for_device
 from .registry import REGISTRY
 from .routes import CallPlan, Route
@@ -119,6 +120,10 @@ class BlockDispatcher:
         make_call = self._make_call(args, kwargs)
         if make_call is None:  # or the call is patched (also a BACKGROUND route's block that could not be captured)
             return entry.run_eager(block, args, kwargs, PATCHED)
+        if plan.graphs is not None and entry.key in plan.graphs.kinds and entry.can_refuse_compiles:
+            out = self._graphed(make_call, args, kwargs)  # CUDA graphs (opt-in): inputs its graphs serve
+            if out is not WOULD_COMPILE:
+                return out
         if route is Route.COMPILED:
             return self._compiled(make_call, args, kwargs)
         if route is Route.CHOSEN_OFF_PROMPT:
@@ -143,6 +148,14 @@ class BlockDispatcher:
         if first_compile and entry.compiles and self.progress is not None:
             self.progress.update(1)
         return out
+
+    def _graphed(self, make_call, args: tuple, kwargs: dict):
+        """The compiled call replayed from a CUDA graph once warm (cuda_graphs.BlockGraphs); WOULD_COMPILE when
+        the kind's graphs do not serve the inputs (the route then does what it does without graphs)."""
+        entry, block = self.entry, self.site.module
+        call_args, call_kwargs = make_call()
+        return graphs_of(entry).run(block, call_args, call_kwargs, lambda a, k: entry.run_compiled(
+            block, lambda: (a, k), args, kwargs, may_compile=False))
 
     def _record(self, make_call) -> None:
         entry = self.entry

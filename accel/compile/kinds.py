@@ -31,6 +31,7 @@ from .background.cpu_checks import CPU_CHECKS
 from .background.skeleton import CaptureError, dump_skeleton
 from .blocks import BlockKind
 from .cpu_isa import vec_isa_options
+from .cuda_graphs import kind_stats
 from .kind_choice import KindChoice
 from .options import CompileOptions
 from .precompiled import NO_GRAPH, PrecompiledGraphs, context_of
@@ -391,4 +392,5 @@ class KindEntry:
             "dynamic_dims": sorted(self.shapes.dynamic_dims), "call_variants": len(self.shapes.call_variants),
             "dropped_samples": dict(choice.dropped.by_work), "rechecks": choice.rechecks,
             "background": self.background.stats(), "precompiled": self.precompiled.stats(),
+            "cuda_graphs": kind_stats(self),
         }

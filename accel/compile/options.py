@@ -1,7 +1,9 @@
 """The user's compile choices, validated once, and what they mean for torch.compile."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ..env_settings import env_switch
 
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "low-memory")
 # low-memory: no CUDA graphs, no autotuning, repeated blocks only, and kernels compiled in this process rather
@@ -10,6 +12,7 @@ LOW_MEMORY_INDUCTOR_OPTIONS = {"compile_threads": 1, "max_autotune": False, "tri
 DYNAMIC = ("auto", "static", "dynamic")
 SCOPES = ("auto", "repeated blocks", "whole model")
 CHOOSE = ("auto", "always compiled")
+CUDA_GRAPHS_SWITCH = "ACCEL_CUDA_GRAPHS"
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,10 @@ class CompileOptions:
     # choose="auto": a kind's cold compile runs in a child process while its blocks run eagerly (background/).
     background: bool = True
     backend: str = "inductor"
+    # CUDA graphs over the compiled blocks' calls (cuda_graphs.py): opt-in (ACCEL_CUDA_GRAPHS=1) until a GPU
+    # measures them; on a CPU they are off and the node's status says why. No compiled code changes (not in
+    # cache_key). An environment switch, not a node input: no saved workflow changes for an experiment.
+    cuda_graphs: bool = field(default_factory=lambda: env_switch(CUDA_GRAPHS_SWITCH) is not None)
 
     def __post_init__(self):
         for name, allowed in (("mode", MODES), ("dynamic", DYNAMIC), ("scope", SCOPES), ("choose", CHOOSE)):

@@ -25,6 +25,7 @@ from . import object_patches
 from .auto_mode import abandon_call, finish_call, inputs_key, plan_call, start_call
 from .background import IDLE_GATE
 from .blocks import cannot_compile_reason, scan_attention_holders
+from .cuda_graphs import finish_graphs, plan_graphs, warn_if_off
 from .dispatch import BlockDispatcher
 from .kinds import wait_for_device
 from .model_record import model_record
@@ -108,6 +109,9 @@ class CompiledApplyModel:
         # the per-block offload check is only needed after a partial load.
         partial = comfy_names.attr(base_model, "model_lowvram", "BaseModel.model_lowvram", True)
         patched = object_patches.patched_paths(base_model)
+        warn_if_off(options, policy, x.device)
+        plan.graphs = plan_graphs(record, plan.routes, plan.always_compiled, policy, x.device.type, partial)
+        timed = plan.timed or (plan.graphs is not None and plan.graphs.side is not None)
         installed = []
         start_call(record, plan)
         try:
@@ -124,11 +128,11 @@ class CompiledApplyModel:
             if patched:
                 object_patches.warn_once(record.label, patched, sum(
                     object_patches.reason(site.path, patched) is not None for site in record.sites))
-            if plan.timed:
+            if timed:
                 wait_for_device(x.device.type)
             start = time.perf_counter()
             out = executor(*args, **kwargs)
-            if plan.timed:
+            if timed:
                 wait_for_device(x.device.type)
             seconds = time.perf_counter() - start
         except BaseException:
@@ -138,6 +142,7 @@ class CompiledApplyModel:
             for site in installed:
                 site.module.__dict__.pop(site.attribute, None)
         finish_call(record, plan, seconds, (tuple(x.shape), str(x.dtype)), inputs)
+        finish_graphs(record, plan.graphs, seconds, (tuple(x.shape), str(x.dtype), plan.blocks))
         return out
 
 

@@ -54,6 +54,7 @@ class CallPlan:
     graphs_missing: bool = False  # some block ran eagerly for a graph not here yet (a child's, or loading)
     routes: dict = field(default_factory=dict)  # kind key -> Route (fill_routes)
     to_background: set = field(default_factory=set)  # kind keys a child compiles: their blocks wait, or are captured
+    graphs: object = None  # cuda_graphs.GraphCall: the kinds that replay CUDA graphs in this call (opt-in)
 
     @property
     def timed(self) -> bool:

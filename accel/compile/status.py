@@ -130,7 +130,21 @@ def model_status(base_model, choose: str = "auto") -> dict:
             "(medians)" if eager and compiled_s else "") + _evidence(autos, entries)
     else:
         state, text = "eager", "eager: no block kind was worth compiling"
-    return {"state": state, "text": text, "kinds": kinds, "progress": progress}
+    return {"state": state, "text": text + _graphs_text(records, entries), "kinds": kinds, "progress": progress}
+
+
+def _graphs_text(records, entries) -> str:
+    """With cuda_graphs asked for: whether the blocks replay CUDA graphs, and why not (cuda_graphs.py)."""
+    from .cuda_graphs import check_of, status_line
+    from .policy import device_policy
+
+    wanted = [r for r in records if r.options.cuda_graphs]
+    if not wanted or not entries:
+        return ""
+    device = entries[0].device_type
+    policy = device_policy(device)
+    return "; " + status_line(True, device, policy.allows("cuda_graphs"), policy.explain("cuda_graphs"),
+                              check_of(wanted[0]))
 
 
 def vae_status(methods: list[tuple[str, object]]) -> dict:

@@ -20,8 +20,9 @@ def load_unet(name: str, cpu: bool = True):
 def variant_model(variant: str, model, pack=None):
     """(the variant's MODEL made from the loaded eager one (a clone sharing its weights), the pack's compile engine
     or None): "core" ComfyUI's TorchCompileModel, "accel" Compile Model's defaults, "accel-compiled" always
-    compiled, "accel-lowmem" its low-memory mode; any other name the eager MODEL itself. The "accel" ones load the
-    pack unless given it (load it once a process: each load_pack loads it anew)."""
+    compiled, "accel-lowmem" its low-memory mode, "accel-graphs" the defaults with CUDA graphs (cuda_graphs=True);
+    any other name the eager MODEL itself. The "accel" ones load the pack unless given it (load it once a process:
+    each load_pack loads it anew)."""
     from tools.comfy_env import load_pack
 
     if variant == "core":
@@ -32,7 +33,8 @@ def variant_model(variant: str, model, pack=None):
         engine = (pack or load_pack()).accel.compile
         choose = "always compiled" if variant == "accel-compiled" else "auto"
         mode = "low-memory" if variant == "accel-lowmem" else "default"
-        return engine.compile_model(model, engine.CompileOptions(mode=mode, choose=choose)), engine
+        options = engine.CompileOptions(mode=mode, choose=choose, cuda_graphs=variant == "accel-graphs")
+        return engine.compile_model(model, options), engine
     return model, None
 
 
