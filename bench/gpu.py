@@ -194,12 +194,41 @@ def process_taxes(results: list[dict]) -> dict[str, float]:
                                    for r in results if r["variant"] != "eager"}
 
 
+def malloc_diag_lines(r: dict) -> list[str]:
+    """bench/process_tax.py --malloc-diag's report (docs/process_tax.md says how to read it): glibc's settings at
+    the six points, the 2.5 MB cat's faults in three threads and eager's faults and ms per step, before the
+    defaults' background compile, after it, and after the pack's tune in the same process."""
+    def settings(params: dict | None) -> str:
+        if not params:
+            return "unread"
+        return (f"{'dynamic' if params.get('dynamic') else 'FROZEN'}, mmap {params.get('mmap_threshold')}, trim "
+                f"{params.get('trim_threshold')}, top pad {params.get('top_pad')}")
+
+    def cat(c: dict) -> str:
+        return f"{c.get('faults_median')} faults, {c.get('us_median')} us, chunks {c.get('chunks')}"
+
+    lines = [f"- glibc {r.get('glibc')}; another allocator: {r.get('allocator')}; malloc environment: "
+             f"{r.get('env') or 'none'}; libraries importing mallopt/malloc_trim: {r.get('importers') or 'none'}; "
+             f"a fresh page's price (us) before {r.get('fault_price_us_before')}, after "
+             f"{r.get('fault_price_us_after')}"]
+    lines += [f"- glibc's settings at {name}: {settings(point.get('params'))}" for name, point in r["points"].items()]
+    for when in ("before", "after", "tuned"):
+        cats, eager = r.get(f"cats_{when}", {}), r.get(f"eager_{when}", {})
+        lines.append(f"- {when}: eager faults per step {eager.get('faults')}, ms per step {eager.get('ms')}; the "
+                     "cat in " + "; ".join(f"{thread}: {cat(c)}" for thread, c in cats.items()))
+    return lines
+
+
 def tax_step(runs: list[dict]) -> list[str]:
-    rows, switches = [], []
+    rows, switches, diag = [], [], []
     for run in runs:
         if not (found := json_lines(run["stdout"])):
             check(False, f"process tax ({shlex.join(run['cmd'][1:])}): {failure(run) or 'no RESULT line'}",
                   "SKIPPED" if spent(run) else None)
+            continue
+        if "points" in found[0]:  # the malloc probe: a readout, not a bound
+            diag = ["", "**glibc malloc** (`bench/process_tax.py --malloc-diag`, the benchmark Flux's shape):",
+                    *malloc_diag_lines(found[0])]
             continue
         r, after = found[0], found[0]["after"]
         tax, passive = r["eager_after_vs_before"], r["omp_env"].get("OMP_WAIT_POLICY") == "PASSIVE"
@@ -220,8 +249,8 @@ def tax_step(runs: list[dict]) -> list[str]:
     return [*markdown_table("environment,eager before (ms/step),eager after (two rounds),the defaults after,"
                             "eager after / before,CPU cat before: median / p90 (us); page faults a cat,after,"
                             "a torch call on 8 elements (us),threads before / after,result".split(","), rows),
-            "", *switches,
-            "", "The three processes share one cache: the first compiles in its background child, the others load. "
+            "", *switches, *diag,
+            "", "The processes share one cache: the first compiles in its background child, the others load. "
                 "The full output (busy threads, children) is in the log."]
 
 
@@ -360,9 +389,11 @@ STEPS = [
          lambda s: [[PY, "bench/compile_model.py", *FLUX, "--variants", FLUX_VARIANTS]], flux_step),
     # One cache: the first process compiles in its child, the other two load (62 s against about 35 s a process on
     # the H200, where loading and compiling processes paid the same tax).
-    Step("tax", "What the defaults cost the rest of their process", 200, lambda s: [
+    # The malloc probe (--malloc-diag) takes the place of the run with glibc's threshold frozen low (--malloc-fixed):
+    # it reads glibc's state and the faults at six points, and eager before and after the pack's tune, in one process
+    Step("tax", "What the defaults cost the rest of their process", 220, lambda s: [
         [PY, "bench/process_tax.py"], [PY, "bench/process_tax.py", "--omp-passive"],
-        [PY, "bench/process_tax.py", "--malloc-fixed"]], tax_step, shared_cache=True),
+        [PY, "bench/process_tax.py", "--malloc-diag"]], tax_step, shared_cache=True),
     Step("comfyui-0.33", "ComfyUI 0.33: the benchmark Flux with and without dynamic VRAM", 200,
          comfyui_033_commands, comfyui_033_step, own_caches=True, env=lambda: comfyui_033().env,
          note=lambda: f"not measured: {comfyui_033().missing}"),

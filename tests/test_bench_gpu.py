@@ -23,6 +23,17 @@ def run_script(*args: str, **env_vars: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+def load_gpu_script():
+    """bench/gpu.py as a module, to render a step's report from a real run's RESULT."""
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
+    gpu = sys.modules["bench_gpu"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
+    spec.loader.exec_module(gpu)
+    return gpu
+
+
 def doc_state() -> tuple[int, int] | None:
     return (DOC.stat().st_size, DOC.stat().st_mtime_ns) if DOC.exists() else None
 
@@ -108,6 +119,13 @@ def test_tax_probe_rehearses_on_the_cpu():
     if result["glibc"] and result["allocator"]["malloc_is_glibcs"]:
         assert result["tune"]["applied"] and result["points"]["end"]["params"]["mmap_threshold"] == 32 << 20
         assert result["cats_tuned"]["prompt"]["chunks"].get("mmapped", 0) == 0, result["cats_tuned"]
+    # the tax step's report renders it: the environment, the six points, before / after / tuned
+    run = {"cmd": proc.args, "stdout": proc.stdout, "rc": 0, "timed_out": False, "seconds": 1.0}
+    lines = load_gpu_script().tax_step([run])
+    diag = lines[lines.index("**glibc malloc** (`bench/process_tax.py --malloc-diag`, the benchmark Flux's shape):"):]
+    assert sum(line.startswith("- glibc's settings at ") for line in diag) == 6, diag
+    assert [line.split(":")[0] for line in diag if line.startswith(("- before", "- after", "- tuned"))] == [
+        "- before", "- after", "- tuned"], diag
 
 
 def dry_run_blocks(text: str) -> dict[str, list[str]]:
@@ -170,12 +188,7 @@ def test_the_033_report_renders_from_a_real_run():
     """bench/dynamic_vram.py on this CPU (the generated SD3, 4 MB, two steps, eager alone: seconds; the generated
     Flux is 2 GB), its RESULT read by the step's report as on a GPU: the table's row, and the mode said (no dynamic
     VRAM without a GPU)."""
-    import importlib.util
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-    gpu = sys.modules["bench_gpu"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
-    spec.loader.exec_module(gpu)
+    gpu = load_gpu_script()
     cmd = [sys.executable, "bench/dynamic_vram.py", "--vram", "dynamic", "--family", "sd3", "--model",
            "accel-tiny-sd3.safetensors", "--latent", "8", "--steps", "2", "--rounds", "1", "--variants", "eager"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
