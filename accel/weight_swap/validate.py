@@ -62,8 +62,41 @@ def _check_sampling(source, patcher) -> None:
             "own loader (Load Checkpoint) instead.")
 
 
+# Weight storage Swap Weights cannot write, by the tensor type that holds it: a plain copy into it is dropped
+# (ComfyUI-GGUF's GGMLTensor ignores copy_ with a warning) or writes unscaled values (ComfyUI's QuantizedTensor).
+QUANTIZED_TENSOR_FORMATS = {
+    "GGMLTensor": "GGUF (quantized weights of ComfyUI-GGUF's Unet Loader (GGUF))",
+    "QuantizedTensor": "fp8 scaled / quantized (ComfyUI's quantized weights, e.g. a scaled_fp8 checkpoint)",
+}
+
+
+def stored_format(patcher) -> str | None:
+    """The quantized format the model keeps its weights in, named for a person, or None for plain tensors (of any
+    dtype: fp8 weight_dtype weights are plain fp8 tensors, copied with the same conversion ComfyUI's loader
+    makes). Checked before anything else: such a model's keys (GGUF's, a scaled checkpoint's scale tensors) would
+    otherwise be refused as another architecture."""
+    import torch
+    from comfy.model_patcher import get_key_weight
+
+    for name, param in patcher.model.diffusion_model.named_parameters():
+        kind = type(param)
+        if kind not in (torch.Tensor, torch.nn.Parameter):
+            return QUANTIZED_TENSOR_FORMATS.get(kind.__name__, f"quantized ({kind.__name__} tensors)")
+        _, set_func, convert_func = get_key_weight(patcher.model, MODEL_PREFIX + name)
+        if set_func is not None or convert_func is not None:
+            return "fp8 scaled (ComfyUI's scaled_fp8 format, or another converted weight format)"
+    return None
+
+
 def check_fits(source, patcher) -> None:
-    """Raise ValueError unless `source` has exactly the model's parameters, with the same shapes."""
+    """Raise ValueError unless `source` has exactly the model's parameters, with the same shapes, and the model
+    keeps its weights as plain tensors."""
+    stored = stored_format(patcher)
+    if stored:
+        raise ValueError(f"Swap Weights: this model keeps its weights in the {stored} format, which Swap Weights "
+                         "cannot write (it copies plain tensors, of any dtype). Load the model from a safetensors "
+                         "file with UNETLoader (weight_dtype default, fp8_e4m3fn or fp8_e5m2) to swap its weights, or "
+                         "load the other file with its own loader instead.")
     shapes = model_shapes(patcher)
     params = {MODEL_PREFIX + k for k, _ in patcher.model.diffusion_model.named_parameters()}
     source_keys = set(source.keys())
@@ -88,13 +121,3 @@ def check_fits(source, patcher) -> None:
             "model (the same model family and size), or load the other file with its own loader instead.")
     source.check_readable()
     _check_sampling(source, patcher)
-    # Quantized or otherwise converted weights are stored through their op's set/convert functions; a plain copy
-    # would write them wrongly.
-    from comfy.model_patcher import get_key_weight
-
-    for key in sorted(source_keys):
-        _, set_func, convert_func = get_key_weight(patcher.model, key)
-        if set_func is not None or convert_func is not None:
-            raise ValueError(f"Swap Weights: {key} is stored in a converted or quantized format (a model loaded "
-                             "with a weight dtype such as fp8 scaled); Swap Weights copies plain tensors only. Load "
-                             "the model in its default weight dtype.")
