@@ -52,6 +52,7 @@ def publish(owner, feature: str, state: str, text: str, **details) -> None:
     with _lock:
         previous = _latest.get(owner, {})
         if (previous.get("feature"), previous.get("state"), previous.get("text")) == (feature, state, text):
+            previous.update(details)  # counts for /accel/status (a Compile Model node's block calls), not sent
             return  # nothing new for the page
         _latest.pop(owner, None)  # re-inserted last: the dict stays ordered oldest first
         _latest[owner] = message
@@ -68,7 +69,8 @@ def _on_event(event: dict) -> None:
         # Any change of compiled state (a run's end, a background job's end) may move every compiled model or VAE.
         statuses = compile_status.owner_statuses()
         for owner, status in statuses.items():
-            publish(owner, status["feature"], status["state"], status["text"])
+            publish(owner, status["feature"], status["state"], status["text"],
+                    **({"calls": status["calls"]} if "calls" in status else {}))
         if action in ("compiling_now", "compiled_now"):
             _progress_of_the_waiting_node(event["kind"], statuses.values())
     elif node is None:

@@ -188,22 +188,46 @@ def whole_model_safe_options(transformer_options: dict) -> dict | None:
 def block_safe_options(transformer_options: dict) -> dict | None:
     """`{}` when the real transformer_options hold nothing a block acts on, so a compiled block may get fresh
     options of its own instead (with what this returns in them); None when the call must run eagerly (another
-    node patched the attention).
+    node patched the attention, or holds a patch the pack does not know: `block_patch_reason`).
 
     Fresh options keep per-step and per-prompt values (sigmas, cond_or_uncond, block ids, uuids, wrappers) out
     of the compiled graph's guards, so they never trigger recompiles.
     """
-    # A DiT's per-block replace patches ("dit") are called by the model's block loop, which then runs the block
-    # (DeepCache's span patches, PuLID-style nodes): the block computes as without them, so it may run compiled.
-    # Any other replacement (a UNet's attn1/attn2, ...) acts inside the block.
+    return None if block_patch_reason(transformer_options) else {}
+
+
+# Patches the model's own forward applies around its blocks (the UNet's loop and timestep embedding, a DiT's
+# post-input and per-block loop patches, Lumina's noise refiner; ComfyUI 0.3.75 and 0.33): a block computes as
+# without them, so it may run compiled. A patch key in neither this list nor BLOCK_PATCH_KEYS is one the pack does
+# not know (0.33's "mlp_patch" acts inside Cosmos blocks): its blocks run eagerly, so it applies.
+MODEL_LOOP_PATCH_KEYS = ("input_block_patch", "input_block_patch_after_skip", "output_block_patch",
+                         "middle_block_after_patch", "emb_patch", "forward_timestep_embed_patch", "post_input",
+                         "double_block", "noise_refiner")
+PATCHED = "another node patched the attention or the UNet"
+UNKNOWN_PATCH = "another node's patch the pack does not know"  # + ": <key> (<the patch's class>)"
+
+
+def block_patch_reason(transformer_options: dict) -> str | None:
+    """Why a block call with these options must run eagerly (PATCHED, or UNKNOWN_PATCH naming the patch), or None.
+
+    A DiT's per-block replace patches ("dit") are called by the model's block loop, which then runs the block
+    (DeepCache's span patches, PuLID-style nodes): the block computes as without them, so it may run compiled.
+    Any other replacement (a UNet's attn1/attn2, ...) acts inside the block."""
     if any(value for key, value in (transformer_options.get("patches_replace") or {}).items() if key != "dit"):
-        return None
+        return PATCHED
     if transformer_options.get("optimized_attention_override") is not None:
-        return None
+        return PATCHED
     patches = transformer_options.get("patches") or {}
     if any(patches.get(key) for key in BLOCK_PATCH_KEYS):
-        return None
-    return {}
+        return PATCHED
+    unknown = sorted(key for key, value in patches.items()
+                     if value and key not in MODEL_LOOP_PATCH_KEYS and key not in BLOCK_PATCH_KEYS)
+    if unknown:
+        first = patches[unknown[0]]
+        patch = first[0] if isinstance(first, (list, tuple)) and first else first
+        owner = patch if hasattr(patch, "__qualname__") else type(patch)  # a function, or a patch object's class
+        return f"{UNKNOWN_PATCH}: {', '.join(unknown)} ({owner.__module__}.{owner.__qualname__})"
+    return None
 
 
 def attention_swapped() -> bool:

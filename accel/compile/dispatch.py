@@ -13,14 +13,13 @@ import time
 
 from .attention import compiled_block_options
 from .background import ACTIVITY, Capture
-from .blocks import BlockSite, attention_swapped, block_safe_options, whole_model_safe_options
+from .blocks import PATCHED, BlockSite, attention_swapped, block_patch_reason, whole_model_safe_options
 from .cuda_graphs import graphs_of
 from .kinds import WOULD_COMPILE, KindEntry, wait_for_device
 from .registry import REGISTRY
 from .routes import CallPlan, Route
 from .shapes import input_signature, steady_unit_strides, tensor_shapes
 
-PATCHED = "another node patched the attention or the UNet"
 IN_BACKGROUND = "compiling in the background"
 LOADS_BETWEEN_PROMPTS = "compiled, loads between prompts"
 TIMING_EAGER_SIDE = "timing: the eager side of the per-kind choice"
@@ -98,6 +97,7 @@ class BlockDispatcher:
                  eager_reason: str | None, progress):
         self.site, self.entry, self.plan, self.allow_sdpa = site, entry, plan, allow_sdpa
         self.eager_reason, self.progress = eager_reason, progress
+        self.patched_reason: str | None = None  # why the latest _make_call gave None, where it is not PATCHED
 
     def __call__(self, *args, **kwargs):
         plan, entry, block = self.plan, self.entry, self.site.module
@@ -119,7 +119,7 @@ class BlockDispatcher:
             return entry.run_eager(block, args, kwargs, self.eager_reason)
         make_call = self._make_call(args, kwargs)
         if make_call is None:  # or the call is patched (also a BACKGROUND route's block that could not be captured)
-            return entry.run_eager(block, args, kwargs, PATCHED)
+            return entry.run_eager(block, args, kwargs, self.patched_reason or PATCHED)
         if plan.graphs is not None and entry.key in plan.graphs.kinds and entry.can_refuse_compiles:
             out = self._graphed(make_call, args, kwargs)  # CUDA graphs (opt-in): inputs its graphs serve
             if out is not WOULD_COMPILE:
@@ -183,14 +183,19 @@ class BlockDispatcher:
     def _make_call(self, args: tuple, kwargs: dict):
         """A function building fresh (args, kwargs) for a compiled call of this block, or None when this call
         must run eagerly (another node patched what the block computes, in the call's options or by swapping
-        ComfyUI's attention function)."""
+        ComfyUI's attention function); `patched_reason` then says why where it is not PATCHED."""
+        self.patched_reason = None
         if attention_swapped():
             return None
         options, with_options = self.site.options_of_call(args, kwargs)
         if with_options is None:
             return lambda: steady_unit_strides(args, kwargs)
         options = options or {}
-        safe = whole_model_safe_options(options) if self.site.whole_model else block_safe_options(options)
+        if self.site.whole_model:
+            safe = whole_model_safe_options(options)
+        else:
+            self.patched_reason = block_patch_reason(options)
+            safe = None if self.patched_reason else {}
         if safe is None:
             return None
         # fresh each call: blocks write into their transformer_options

@@ -16,6 +16,7 @@ accel/compile/README.md draws it.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from .. import comfy_names, dynamic_vram, telemetry
@@ -24,16 +25,17 @@ from ..malloc.tune import ensure_tuned
 from . import object_patches
 from .auto_mode import abandon_call, finish_call, inputs_key, plan_call, start_call
 from .background import IDLE_GATE
-from .blocks import cannot_compile_reason, scan_attention_holders
+from .blocks import PATCHED, UNKNOWN_PATCH, cannot_compile_reason, scan_attention_holders
 from .cuda_graphs import finish_graphs, plan_graphs, warn_if_off
 from .dispatch import BlockDispatcher
 from .kinds import wait_for_device
 from .model_record import model_record
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
-from .status import note_owner
+from .status import note_calls, note_owner
 
 WRAPPER_KEY = "accel.compile_model"
+log = logging.getLogger("comfyui_accel")
 
 
 def compile_model(patcher, options: CompileOptions, owner: str | None = None):
@@ -54,7 +56,7 @@ def compile_model(patcher, options: CompileOptions, owner: str | None = None):
     note_owner(owner, model.model, choose=options.choose)
     scan_attention_holders()  # now, not in a timed model call
     wrappers = comfy.patcher_extension.WrappersMP
-    for kind, wrapper in ((wrappers.APPLY_MODEL, CompiledApplyModel(options)),
+    for kind, wrapper in ((wrappers.APPLY_MODEL, CompiledApplyModel(options, owner)),
                           (wrappers.OUTER_SAMPLE, mark_sampling_run)):
         model.remove_wrappers_with_key(kind, WRAPPER_KEY)  # compiling twice replaces, never stacks
         model.add_wrapper_with_key(kind, WRAPPER_KEY, wrapper)
@@ -78,8 +80,8 @@ class CompiledApplyModel:
     """The APPLY_MODEL wrapper. Holds only the options: all compiled state lives in the registry and the
     model's record."""
 
-    def __init__(self, options: CompileOptions):
-        self.options = options
+    def __init__(self, options: CompileOptions, owner: str | None = None):
+        self.options, self.owner = options, owner
 
     def __call__(self, executor, *args, **kwargs):
         base_model = executor.class_obj
@@ -112,13 +114,14 @@ class CompiledApplyModel:
         warn_if_off(options, policy, x.device)
         plan.graphs = plan_graphs(record, plan.routes, plan.always_compiled, policy, x.device.type, partial)
         timed = plan.timed or (plan.graphs is not None and plan.graphs.side is not None)
-        installed = []
+        installed, own_forwards = [], 0
         start_call(record, plan)
         try:
             for site, entry in zip(record.sites, record.entries):
                 if site.attribute in site.module.__dict__:
                     # Another node's own forward, set on this block: it runs as that node made it, and stays
                     # (a dispatcher here would run the class's forward, then take that node's away with it).
+                    own_forwards += 1
                     continue
                 reason = (object_patches.reason(site.path, patched) if patched else None) or (
                     cannot_compile_reason(site.module, x.device) if partial else None)
@@ -143,7 +146,27 @@ class CompiledApplyModel:
                 site.module.__dict__.pop(site.attribute, None)
         finish_call(record, plan, seconds, (tuple(x.shape), str(x.dtype)), inputs)
         finish_graphs(record, plan.graphs, seconds, (tuple(x.shape), str(x.dtype), plan.blocks))
+        if own_forwards:
+            record.last_call.setdefault("eager", {})[OWN_FORWARD] = own_forwards
+        for reason in note_calls(self.owner, record.last_call):
+            if reason.startswith(PASS_THROUGH_REASONS):
+                passed_through(self.owner, reason)
         return out
+
+
+OWN_FORWARD = "another node set the block's own forward"
+# The eager reasons that are another node's patch the pack passes through: said once per node and reason.
+PASS_THROUGH_REASONS = (PATCHED, UNKNOWN_PATCH, OWN_FORWARD)
+
+
+def passed_through(owner: str | None, reason: str) -> None:
+    """One line, the first time a Compile Model node's calls meet another node's patch, and a count in the stats
+    (`compile_model.passed_through`): those block calls run eagerly, as ComfyUI runs them, so the patch applies."""
+    where = f" (node {owner})" if owner else ""
+    say = log.warning if reason.startswith((UNKNOWN_PATCH, OWN_FORWARD)) else log.info
+    say("[Accel] Compile Model%s: block calls run eagerly where %s, so it applies as without the pack; the others "
+        "stay compiled.", where, reason)
+    telemetry.record("compile_model", "passed_through", node=owner, reason=reason)
 
 
 def _progress_bar(pending: int):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import threading
 import weakref
+from collections import Counter
 from typing import Callable
 
 from .. import dynamic_vram
@@ -20,6 +21,8 @@ from .model_record import records_of
 MODEL, VAE = "compile_model", "compile_vae"  # the features that name owners, as the web UI knows them
 # owner -> (feature, its base model or VAE, choose, for a VAE: how to list its compiled methods)
 _owners: "dict[str, tuple[str, weakref.ref, str, Callable | None]]" = {}
+# owner -> its model's block calls since the owner applied Compile Model: {"compiled": n, "eager": {reason: n}}
+_calls: "dict[str, dict]" = {}
 _lock = threading.Lock()
 
 
@@ -32,6 +35,27 @@ def note_owner(owner: str | None, target, feature: str = MODEL, choose: str = "a
         return
     with _lock:
         _owners[str(owner)] = (feature, weakref.ref(target), choose, methods_of)
+        _calls.pop(str(owner), None)
+
+
+def note_calls(owner: str | None, last_call: dict) -> list[str]:
+    """Add one model call's block calls (model_record's `last_call`: compiled, eager by reason) to `owner`'s, so
+    its status says how this node's calls ran, apart from other nodes' models that share its kinds. Returns the
+    eager reasons this owner meets for the first time."""
+    if not last_call:
+        return []
+    with _lock:  # a model compiled with no owner (in-process use) counts under None: its lines come once too
+        tally = _calls.setdefault(None if owner is None else str(owner), {"compiled": 0, "eager": Counter()})
+        new = [reason for reason, n in last_call.get("eager", {}).items() if n and reason not in tally["eager"]]
+        tally["compiled"] += last_call.get("compiled", 0)
+        tally["eager"].update(last_call.get("eager", {}))
+        return new
+
+
+def owner_calls(owner: str) -> dict:
+    with _lock:
+        tally = _calls.get(str(owner), {"compiled": 0, "eager": Counter()})
+        return {"compiled": tally["compiled"], "eager": dict(tally["eager"])}
 
 
 def owner_statuses() -> dict[str, dict]:
@@ -48,6 +72,8 @@ def owner_statuses() -> dict[str, dict]:
             continue
         status = model_status(target, choose) if feature == MODEL else vae_status(methods_of(target))
         statuses[owner] = {"feature": feature, **with_placement(status, target)}
+        if feature == MODEL:
+            statuses[owner]["calls"] = owner_calls(owner)
     return statuses
 
 
