@@ -27,7 +27,12 @@ from tools import quant_models
 LORA = "accel-sd15-lora.safetensors"
 SCALED = "accel-sd15-small-fp8-scaled.safetensors"
 GGUF_FILES = {"gguf Q8_0": "accel-sd15-small-Q8_0.gguf", "gguf Q4_0": "accel-sd15-small-Q4_0.gguf"}
-FORMATS = ("fp8_e4m3fn", "fp8_e5m2", "fp8 scaled", *GGUF_FILES)
+ALL_FORMATS = ("fp8_e4m3fn", "fp8_e5m2", "fp8 scaled", *GGUF_FILES)
+# Each format's blocks are kinds of their own (a kind's key holds its weights' dtypes): compiled once per format.
+# `make test` (two ComfyUI versions, at most 18 minutes each) compiles one of each way of storing them (fp8 by
+# weight_dtype, ComfyUI's scaled fp8, a GGUF quant); ACCEL_WEIGHT_FORMATS=all adds fp8 e5m2 and GGUF Q8_0.
+FORMATS = ALL_FORMATS if os.environ.get("ACCEL_WEIGHT_FORMATS") == "all" else ("fp8_e4m3fn", "fp8 scaled",
+                                                                                 "gguf Q4_0")
 
 
 @pytest.fixture(scope="module")
@@ -167,16 +172,17 @@ def test_swap_weights_on_fp8_weights_equals_the_other_file_loaded_as_fp8(accel_p
 
 
 @pytest.mark.parametrize("fmt, named", [("fp8 scaled", "fp8 scaled"), ("gguf Q8_0", "GGUF")])
-def test_swap_weights_refuses_a_quantized_format_naming_it(accel_pack, runs, fmt, named):
+def test_swap_weights_refuses_a_quantized_format_naming_it(accel_pack, comfy_nodes, format_files, fmt, named):
     """Weights kept in a quantized tensor format (ComfyUI's scaled fp8, ComfyUI-GGUF's GGMLTensor) cannot take a
     plain copy: GGMLTensor drops it with a warning (the old weights stay: a wrong picture), a scaled weight would
     lose its scale. Swap Weights refuses before anything changes, naming the format and what to do."""
-    run = runs(fmt)
+    model = load_format(comfy_nodes, fmt)
+    eager = sample(model)
     node = accel_pack.nodes.swap_weights.SwapWeights()
     with pytest.raises(ValueError, match=named) as refused:
-        node.apply(run["model"], SMALL_B)
+        node.apply(model, SMALL_B)
     assert "UNETLoader" in str(refused.value)
-    assert torch.equal(sample(run["model"]), run["eager"]), "the refused swap changed the model"
+    assert torch.equal(sample(model), eager), "the refused swap changed the model"
 
 
 # Flux's 3072-wide blocks compile again in fp8 (their kinds are new: a kind's key holds its weights' dtype), which
