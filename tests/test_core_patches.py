@@ -105,7 +105,7 @@ def test_compiled_and_deepcache_equal_the_same_patch_without_the_pack(matrix):
 def test_a_patch_that_changes_the_output_still_changes_it_under_the_pack(matrix):
     changed = [(name, family, ways) for name, family, ways in _ran(matrix) if ways["eager"].get("changes_output")]
     # FreeU's own channel counts are not in the small UNet: it is one of those that change nothing here
-    assert len(changed) >= (20 if FULL else 8), [n for n, _, _ in changed]
+    assert len(changed) >= (20 if FULL else 6), [n for n, _, _ in changed]
     assert {"PerturbedAttentionGuidance", "CFGZeroStar", "LoraLoaderModelOnly"} <= {n for n, _, _ in changed}
     # equal to the patched output, which differs from the unpatched one: the patch was not dropped
     for name, family, ways in changed:
