@@ -14,6 +14,7 @@ import re
 import threading
 import time
 
+from .malloc.importers import mapped_libraries
 from .thread_names import PREFIX as PACK_THREAD_PREFIX
 
 # libgomp.so.1 (GCC, conda), libgomp-a34b3233.so.1 (a wheel's copy renamed by auditwheel), libiomp5.so (Intel),
@@ -24,18 +25,9 @@ ENV_NAMES = ("TORCHINDUCTOR_COMPILE_THREADS",)
 
 
 def openmp_runtimes(pid: int) -> list[str]:
-    """The OpenMP runtime libraries mapped into pid, one path each (a library maps several segments)."""
-    found = []
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            for line in maps:
-                fields = line.split(None, 5)
-                path = fields[5].strip() if len(fields) == 6 else ""
-                if OPENMP_RUNTIME.match(os.path.basename(path)) and path not in found:
-                    found.append(path)
-    except OSError:  # not Linux, or the process is gone
-        pass
-    return found
+    """The OpenMP runtime libraries mapped into pid, one path each (a library maps several segments; none where
+    there is no /proc, or the process is gone)."""
+    return [path for path in mapped_libraries(pid) if OPENMP_RUNTIME.match(os.path.basename(path))]
 
 
 def thread_times(pid: int) -> list[dict]:

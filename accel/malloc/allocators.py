@@ -13,23 +13,14 @@ import re
 import sys
 
 from .glibc import libc
+from .importers import mapped_libraries
 
 ALTERNATIVES = re.compile(r"lib(tcmalloc\w*|jemalloc|mimalloc)[^/]*\.so")
 
 
 def mapped_alternatives(pid: int | str = "self") -> list[str]:
     """The alternative allocator libraries mapped into pid, one path each."""
-    found = []
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            for line in maps:
-                fields = line.split(None, 5)
-                path = fields[5].strip() if len(fields) == 6 else ""
-                if ALTERNATIVES.match(os.path.basename(path)) and path not in found:
-                    found.append(path)
-    except OSError:
-        pass
-    return found
+    return [path for path in mapped_libraries(pid) if ALTERNATIVES.match(os.path.basename(path))]
 
 
 def preloaded_alternatives(env=None) -> list[str]:
