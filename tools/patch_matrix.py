@@ -385,6 +385,15 @@ def summarize(cases: list[Case], comfyui: str) -> dict:
     return {"comfyui": comfyui, "torch": torch.__version__, "steps": STEPS, "nodes": nodes}
 
 
+def _wrong(row: dict, feature: str, output: str) -> str | None:
+    """The verdict of a way whose run failed or whose output is not the same patch's without the pack."""
+    if row.get("error"):
+        return f"WRONG: fails under {feature} ({row['error'][:160]})"
+    if not row.get("equal"):
+        return f"WRONG: {output} output differs (max {row.get('max_diff_vs_eager')})"
+    return None
+
+
 def verdict(name: str, ways: dict) -> str:
     """What the pack does with the node on a family, in a few words (docs/compatibility.md)."""
     eager = ways.get("eager", {})
@@ -394,10 +403,8 @@ def verdict(name: str, ways: dict) -> str:
     parts = []
     compiled = ways.get("compiled")
     if compiled:
-        if compiled.get("error"):
-            return f"WRONG: fails under Compile Model ({compiled['error'][:160]})"
-        if not compiled.get("equal"):
-            return f"WRONG: compiled output differs (max {compiled.get('max_diff_vs_eager')})"
+        if wrong := _wrong(compiled, "Compile Model", "compiled"):
+            return wrong
         eager_calls = compiled.get("eager_calls") or {}
         n_eager, n_compiled = sum(eager_calls.values()), compiled.get("compiled_calls", 0)
         if n_eager == 0 and n_compiled == 0:  # a run whose statuses gave no counts (before nodes/status.py did)
@@ -411,10 +418,8 @@ def verdict(name: str, ways: dict) -> str:
                          + "; ".join(sorted(eager_calls)))
     deepcache = ways.get("deepcache")
     if deepcache:
-        if deepcache.get("error"):
-            return f"WRONG: fails under DeepCache ({deepcache['error'][:160]})"
-        if not deepcache.get("equal"):
-            return f"WRONG: DeepCache output differs (max {deepcache.get('max_diff_vs_eager')})"
+        if wrong := _wrong(deepcache, "DeepCache", "DeepCache"):
+            return wrong
         state = (deepcache.get("status") or {}).get("state")
         if state == "off":
             parts.append("DeepCache passes through: " + deepcache["status"]["text"])
