@@ -40,26 +40,36 @@ def _check_sampling(source, patcher) -> None:
     markers = getattr(source, "model_type_markers", ())
     if not markers:
         return
-    import copy
-
     from safetensors import safe_open
 
-    config = copy.copy(model.model_config)
-    config.sampling_settings = dict(getattr(config, "sampling_settings", {}))
+    config = _copy_of_config(model.model_config)
     with safe_open(source.path, "pt") as found:
         state = {key: found.get_tensor(key) for key in markers}
     try:
         model_type = config.model_type(state, prefix="")
     except Exception:  # noqa: BLE001  (a family whose rule reads weights: nothing more to tell here)
         return
-    if model_type != model.model_type or config.sampling_settings != getattr(model.model_config,
-                                                                              "sampling_settings", {}):
+    if model_type != model.model_type or config.sampling_settings != _sampling_settings(model.model_config):
         raise ValueError(
             f"Swap Weights: {source.label} samples as {model_type.name} ({', '.join(markers)} in the file) and "
             f"this model as {model.model_type.name}"
             + ("" if model_type != model.model_type else " with other sampling settings")
             + ": its weights in this model would give another picture than the file itself. Load it with its "
             "own loader (Load Checkpoint) instead.")
+
+
+def _sampling_settings(config) -> dict:
+    return dict(getattr(config, "sampling_settings", None) or {})
+
+
+def _copy_of_config(config):
+    """A shallow copy of a model config whose sampling settings can be written without touching the model's.
+    Not copy.copy: since 0.33 a config's __getattr__ answers every missing name with None (and a warning), so
+    copy's lookup of __setstate__ finds None and calls it."""
+    copied = object.__new__(type(config))
+    copied.__dict__.update(vars(config))
+    copied.sampling_settings = _sampling_settings(config)
+    return copied
 
 
 # Weight storage Swap Weights cannot write, by the tensor type that holds it: a plain copy into it is dropped
