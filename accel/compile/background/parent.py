@@ -68,12 +68,16 @@ class BackgroundCompiler:
         self._queue: list[tuple[list[dict], list, Path]] = []  # (items, entries, environment dir) waiting
         self._held: list[tuple[list[dict], list, Path]] = []  # the same, waiting for an idle moment
         self.history: list[dict] = []  # one record per finished job, for stats
+        # Jobs taken off `_job` whose results are still being read (poll, on the loader thread): still busy, so
+        # a stats request between the two never sees the work neither running nor finished.
+        self._finishing = 0
         self._swept: set[Path] = set()  # environments whose jobs folder was cleared of dead processes' jobs
 
     @property
     def has_jobs(self) -> bool:
-        """A child's job runs, waits behind the running one, or is held for an idle moment."""
-        return self._job is not None or bool(self._queue) or bool(self._held)
+        """A child's job runs, its results are being read, it waits behind the running one, or is held for an idle
+        moment."""
+        return self._job is not None or self._finishing > 0 or bool(self._queue) or bool(self._held)
 
     @property
     def busy(self) -> bool:
@@ -226,9 +230,14 @@ class BackgroundCompiler:
             if self._job is not job:
                 return
             self._job = None
+            self._finishing += 1
         # the child's results are read (and the kinds' graphs queued) on the loader thread, the caller waiting:
         # what that allocates stays out of the prompt thread's arena (loader.py)
-        LOADER.run_here(self._finish, job)
+        try:
+            LOADER.run_here(self._finish, job)
+        finally:
+            with self._lock:
+                self._finishing -= 1
         with self._lock:  # the next job, for kinds captured while this one ran
             while self._job is None and self._queue:
                 self._start(*self._queue.pop(0))
