@@ -13,7 +13,7 @@ endif
 export ACCEL_VENV
 VENV_PY := $(ACCEL_VENV)/bin/python
 
-.PHONY: setup models demo test bench bench-quick bench-gpu clean
+.PHONY: setup models demo test test-full bench bench-quick bench-gpu clean
 
 setup:
 	$(PYTHON) tools/setup_env.py --models test
@@ -26,6 +26,11 @@ demo: setup
 
 test: setup
 	$(ACCEL_VENV)/bin/pytest
+
+# `make test` and the full tier: the long tests `make test` skips by name to stay within 18 minutes a ComfyUI
+# (tests/conftest.py, docs/contributing.md).
+test-full: setup
+	ACCEL_TEST_FULL=1 $(ACCEL_VENV)/bin/pytest
 
 # Every scenario side by side in one run: docs/benchmarks/REPORT.md with its charts (full-size models, an hour or
 # more on a CPU); bench-quick the same on the small models into bench/results/quick/.

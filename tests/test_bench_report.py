@@ -22,6 +22,9 @@ import pytest
 from tools.comfy_env import ROOT
 
 SCENARIOS = ("sd15:deepcache", "flux:compile_vae")
+pytestmark = pytest.mark.full(why=(
+    "bench/report.py end to end (a benchmark run); make test runs the GPU command's CPU rehearsal in "
+    "test_bench_gpu.py"))
 
 
 @pytest.fixture(scope="module")

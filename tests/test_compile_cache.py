@@ -59,6 +59,9 @@ def environment_dir(cache_dir: Path) -> Path:
     return env_dir
 
 
+@pytest.mark.full(why=(
+    "processes compiling into one cache at once; make test shares the run's cache between its two test "
+    "processes and checks a cache's reuse in test_export_and_import_move_the_cache"))
 def test_two_processes_compiling_at_once_leave_a_cache_a_third_loads_whole(shared, tmp_path, accel_pack):
     """Two processes (a fleet's workers on a shared volume) compile the same kind into one empty cache at the same
     time: both are correct and leave a consistent cache. A third process then compiles the same graphs, every one
@@ -120,6 +123,9 @@ def test_damaged_entries_are_skipped_and_rebuilt(filled, tmp_path, accel_pack):
     assert_close_to_eager(torch.load(tmp_path / "damaged.pt"), shared["runs"]["output"], "after a damaged entry")
 
 
+@pytest.mark.full(why=(
+    "damaged torch cache files; make test meets damaged entries in "
+    "test_damaged_entries_are_skipped_and_rebuilt"))
 def test_damaged_torch_files_are_set_aside_and_rebuilt_from_the_artifacts(filled, tmp_path):
     """torch's own files in the cache damaged (every file under `inductor/` cut short: the generated code and
     kernels torch loads without a check): the process compiles outside the cache, stays compiled and correct, and

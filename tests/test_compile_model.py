@@ -721,6 +721,10 @@ def test_one_child_takes_job_after_job_until_it_is_idle(engine, tmp_path, monkey
 VAE_BACKGROUND_PROBE = Path(__file__).with_name("vae_background_probe.py")
 
 
+@pytest.mark.full(why=(
+    "Compile VAE's background compile in fresh processes; make test compiles the VAE in "
+    "test_compile_vae_equals_eager_and_input_untouched and the background child in "
+    "test_auto_mode_compiles_cold_kinds_in_the_background"))
 def test_compile_vae_defaults_compile_off_the_first_decode(engine, tmp_path):
     """Compile VAE with its defaults in a new install (an empty compile cache, a fresh process): the first decode
     compiles nothing in the process and equals eager, while the background child compiles the VAE's kind (on a

@@ -57,7 +57,15 @@ def video_shapes(family) -> list[tuple[int, ...]]:
 WAN22_AT_CFG_1 = dataclasses.replace(BY_FAMILY["wan22"], cfg=1.0)
 
 
-@pytest.mark.parametrize("family", [TRAINED_WAN, WAN22_AT_CFG_1, BY_FAMILY["hunyuan_video"]], ids=lambda f: f.name)
+# make test runs the generated Wan 2.2 (at cfg 1: the batch twin); the trained Wan at cfg 5 and HunyuanVideo run
+# in the full tier (tests/conftest.py).
+_SWEPT_IN_FULL = pytest.mark.full(why=(
+    "the frames, size and batch changes on another video model; make test runs them on Wan 2.2 ([wan22])"))
+
+
+@pytest.mark.parametrize("family", [pytest.param(TRAINED_WAN, marks=_SWEPT_IN_FULL), WAN22_AT_CFG_1,
+                                    pytest.param(BY_FAMILY["hunyuan_video"], marks=_SWEPT_IN_FULL)],
+                         ids=lambda f: f.name)
 def test_video_frames_size_and_batch_compile_once_off_the_prompt_path(engine, accel_pack, comfy_nodes, family):
     """Compile Model's defaults on a video model (#36): a new frame count, then a new size, then a larger batch each
     run eagerly in their sampling while a child compiles, equal to eager; over the three changes each kind goes to a

@@ -63,6 +63,9 @@ def running_child(server, timeout: float = 120) -> int:
     raise AssertionError(f"no background child started: {server.get_json('/accel/stats')['compile']['background']}")
 
 
+@pytest.mark.full(why=(
+    "a server killed during a child's compile; make test ends prompts during a compile in "
+    "test_an_interrupt_during_a_compile_or_sampling_ends_only_that_prompt"))
 def test_kill_9_during_a_background_compile_leaves_nothing_running_and_a_restart_finishes_it(tmp_path, accel_pack):
     """A server killed (-9) while its child compiles: nothing of it keeps running. Then the restart and another
     server on the same cache directory (two workers of a fleet on a shared volume) get the prompt at once: both

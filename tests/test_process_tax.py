@@ -87,6 +87,9 @@ def test_a_thread_heap_filled_near_its_end_keeps_its_outputs_with_the_tune(switc
         assert arenas.get("main", 0) >= result["calls"] - 2, result
 
 
+@pytest.mark.full(why=(
+    "the malloc thresholds around a real background compile; make test checks them around Compile Model "
+    "in test_frozen_thresholds_then_compile_model_reuses_the_heap"))
 @needs_glibc
 def test_after_a_real_background_compile_and_loading_the_prompt_thread_pays_nothing(tmp_path):
     """T3. Compile Model's defaults on the generated LTX-Video model (one block kind, so one short child compile, as

@@ -62,6 +62,9 @@ def fx_graph(server, outcome: str) -> int:
     return server.get_json("/accel/stats")["compile"]["totals"]["disk_cache"].get(f"fx_graph_{outcome}", 0)
 
 
+@pytest.mark.full(why=(
+    "a second worker on a shared store; make test runs one in "
+    "test_a_new_worker_loads_the_fleets_precompiled_graphs_and_traces_nothing"))
 @pytest.mark.server
 def test_a_second_worker_compiles_nothing_cold_and_a_store_that_stops_costs_a_warning(tmp_path):
     with RedisServer(tmp_path / "redis") as redis, contextlib.ExitStack() as stack:

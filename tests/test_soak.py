@@ -19,7 +19,9 @@ import torch
 from compile_helpers import assert_close_to_eager
 from tools.soak_prompts import CONFIGS, EAGER, PASSES, cold_compiles, rss_mb, run_latent, server_of
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.full(why=(
+    "a long mixed run of the pack's features in one server; make test runs each feature's prompts in its own "
+    "tests (test_server_e2e.py, test_server_families.py, test_templates.py)"))]
 # RSS that follows what the server holds. By default glibc raises its mmap threshold to the size of each large
 # block freed, so later blocks of that size come from heaps it keeps: passes of the same prompts, nothing
 # compiled or loaded, then ended at 1395, 1551, 1461, 1406 and 1510 MB (2026-11-26, on a cache with the kinds

@@ -165,6 +165,9 @@ def bypass(page, node: str) -> None:
     page.evaluate("(id) => { window.app.graph.getNodeById(Number(id)).mode = 4; }", node)
 
 
+@pytest.mark.full(why=(
+    "the progress of a compile in the prompt's path, in the browser; make test shows the statuses in "
+    "test_nodes_show_status_from_the_server_and_after_a_reload"))
 def test_the_waiting_node_shows_comfyuis_progress_while_a_kind_compiles_in_its_path(ui):
     """Compile Model with the background compile off compiles in the prompt's path: the sampler, which waits for
     it, gets ComfyUI's own progress message (kinds compiled so far, of all) while the Accel node says why."""
