@@ -63,7 +63,7 @@ def fx_graph(server, outcome: str) -> int:
 
 
 @pytest.mark.full(why=(
-    "a second worker on a shared store; make test runs one in "
+    "a second worker on a shared store; the full tier runs another in "
     "test_a_new_worker_loads_the_fleets_precompiled_graphs_and_traces_nothing"))
 @pytest.mark.server
 def test_a_second_worker_compiles_nothing_cold_and_a_store_that_stops_costs_a_warning(tmp_path):
@@ -113,6 +113,10 @@ def test_a_second_worker_compiles_nothing_cold_and_a_store_that_stops_costs_a_wa
         assert cache_stats(second)["remote"]["remote_errors"] >= 1
 
 
+@pytest.mark.full(why=(
+    "a new worker served by a fleet's precompiled graphs; make test loads precompiled functions in "
+    "test_a_block_with_comfyui_033s_dtype_records_precompiles_and_loads and a cache of another process in "
+    "test_export_and_import_move_the_cache"))
 @pytest.mark.server
 def test_a_new_worker_loads_the_fleets_precompiled_graphs_and_traces_nothing(tmp_path):
     """With the defaults, the first worker's child saves the kind whole (compile/precompiled.py) and publishes it;
@@ -133,7 +137,10 @@ def test_a_new_worker_loads_the_fleets_precompiled_graphs_and_traces_nothing(tmp
         background = second.wait_for_background()
         out = run_latent(second, replace(COMPILED, seed=8), "second-compiled")
         stats = second.get_json("/accel/stats")["compile"]
-    assert background["finished"] == [], "the second worker started a child"
+        accel_lines = [line for line in second.log_tail(100_000).splitlines() if "[Accel]" in line]
+    # what the second worker said about its kinds: why a child started, if one did (a failure seen once in a
+    # whole suite on 0.33.0, not alone)
+    assert background["finished"] == [], ("the second worker started a child", background, accel_lines[-40:])
     assert torch.equal(out, published), "the second worker's output differs from the first's"
     assert stats["totals"]["compiles"] == 0, f"the second worker ran Dynamo: {stats['totals']}"
     kinds = [k for k in stats["kinds"] if k["precompiled"]["functions"]]
