@@ -215,8 +215,8 @@ PROMPT_CHANGES_PROBE = Path(__file__).with_name("prompt_changes_probe.py")
 
 
 @pytest.mark.full(why=(
-    "size and batch changes under the defaults in make test: test_compile_video_families.py's frames, "
-    "size and batch test on Wan 2.2 and test_compile_model.py's resolution and batch sweep"))
+    "size and batch changes under the defaults; make test runs test_compile_video_families.py's frames, "
+    "size and batch test on Wan 2.2 and test_a_new_reference_latent_size_compiles_nothing_in_the_call"))
 def test_no_compile_in_a_prompt_after_a_size_batch_or_cfg_change(tmp_path):
     """The defaults on the small SD1.5 UNet through ComfyUI's sampler, in a fresh process (its kinds have met only
     this test's inputs): after the first configuration is compiled and loaded, a prompt at another size, one at

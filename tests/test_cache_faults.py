@@ -65,6 +65,9 @@ def fill(path: Path, leave: int) -> Path:
     return filler
 
 
+@pytest.mark.full(why=(
+    "a full file system; make test compiles with an unwritable cache in "
+    "test_unwritable_cache_dir_warns_once_and_the_prompt_completes"))
 def test_a_full_disk_costs_persistence_not_the_prompt(accel_pack, tmp_path):
     with small_file_system(tmp_path / "volume") as volume:
         filler = fill(volume, ROOM)

@@ -154,6 +154,10 @@ def test_damaged_torch_files_are_set_aside_and_rebuilt_from_the_artifacts(filled
     torch.testing.assert_close(torch.load(tmp_path / "rebuilt.pt"), shared["runs"]["output"], rtol=0, atol=0)
 
 
+@pytest.mark.full(why=(
+    "a server served by `accel precompile`'s graphs; make test records and loads precompiled functions in "
+    "test_a_block_with_comfyui_033s_dtype_records_precompiles_and_loads and runs precompile's refusals in "
+    "test_precompile_refuses_a_cache_it_could_keep_nothing_in"))
 def test_precompile_then_a_server_workflow_compiles_nothing_cold(shared, tmp_path, monkeypatch, accel_pack):
     """`python -m accel precompile` at a size no process sampled, with the server's flags, then a new ComfyUI
     server runs a workflow at that size: precompile saved each kind whole (precompiled.py), so the server starts

@@ -55,7 +55,19 @@ def test_a_size_change_on_lumina2_compiles_nothing(engine, comfy_nodes, monkeypa
                 f"the size change at {latent_shape} needed graphs: {background.stats()}"
 
 
-@pytest.mark.parametrize("family", IMAGE_FAMILIES, ids=lambda f: f.name)
+# Chroma (Flux's blocks, its own modulation) and SDXL run in the full tier (tests/conftest.py)
+_IN_FULL = {
+    "chroma": pytest.mark.full(why=(
+        "Chroma compiled; make test compiles Flux's double and single blocks in test_compile_flux.py and finds "
+        "Chroma's in test_family_structure.py's test_family_blocks_are_found[chroma]")),
+    "sdxl": pytest.mark.full(why=(
+        "SDXL compiled in process; make test compiles SDXL's stand-in under Compile Model over HTTP in "
+        "test_templates.py's test_each_template_runs_to_its_output[sdxl_swap_base_and_turbo] and the SD1.5 UNet's "
+        "blocks (SDXL's kinds) in test_compile_model.py"))}
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=_IN_FULL.get(f.name, ())) for f in IMAGE_FAMILIES],
+                         ids=lambda f: f.name)
 def test_compile_model_on_every_image_family(engine, comfy_nodes, family):
     check_compile_model_on_family(engine, comfy_nodes, family)
 

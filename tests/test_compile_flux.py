@@ -38,6 +38,11 @@ def with_lora(comfy_nodes, model, name: str, strength: float):
     return patched
 
 
+@pytest.mark.full(why=(
+    "LoRA strengths and files on Flux; make test applies a LoRA under Compile Model on Qwen-Image "
+    "(test_templates.py's qwen_image_lightning_lora) and on each weight format "
+    "(test_a_lora_on_top_applies_under_compile_as_eagerly), and changes weights without a recompile in "
+    "test_swap_weights.py"))
 def test_lora_strengths_and_files_under_compile_equal_eager_and_never_recompile(engine, comfy_nodes, flux):
     """Load -> LoRA -> Compile Model, as a user changes the LoRA's strength and file between prompts (the
     Compile Model node runs again on each new LoRA clone), and Load -> Compile Model -> LoRA."""

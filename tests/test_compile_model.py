@@ -147,6 +147,10 @@ def test_offload_cycle_correct_and_second_cycle_compiles_nothing(compiled_small,
     assert frames_per_cycle[1] == 0, f"compiles per cycle: {frames_per_cycle}"
 
 
+@pytest.mark.full(why=(
+    "a UNet's size and batch sweep; make test changes the frames, size and batch on Wan 2.2 in "
+    "test_video_frames_size_and_batch_compile_once_off_the_prompt_path[wan22] and a reference latent's size in "
+    "test_a_new_reference_latent_size_compiles_nothing_in_the_call"))
 def test_resolution_and_batch_sweep_bounded_then_free(compiled_small, engine):
     patcher = compiled_small["compiled"]
     sizes, batches = (8, 24, 32, 40, 48), (2, 4)

@@ -36,9 +36,11 @@ FAMILIES = ("sd15", "sdxl", "flux", "wan21") if FULL else ("sd15",)
 # LoRA, a merge). Every other node found is checked against the matrix's last committed result for this ComfyUI
 # (docs/patch_matrix/<version>.json, written by `python -m tools.patch_matrix`): a node a new ComfyUI adds fails
 # until the matrix has run it. ACCEL_PATCH_MATRIX=all runs every node here.
-CI_NODES = {"ModelSamplingDiscrete", "ModelSamplingContinuousEDM", "CFGZeroStar", "RescaleCFG", "APG",
-            "DifferentialDiffusion", "PerturbedAttentionGuidance", "SelfAttentionGuidance", "FreeU_V2", "HyperTile",
-            "TomePatchModel", "LoraLoaderModelOnly", "ModelMergeSimple", "UNetSelfAttentionMultiply"}
+# One or two of each way a patch reaches the model: the sampling around it (ModelSampling*, CFG-style), its
+# attention (PAG, SAG, ToMe), a block's output (FreeU), its weights (a LoRA, a merge).
+CI_NODES = {"ModelSamplingDiscrete", "ModelSamplingContinuousEDM", "CFGZeroStar", "APG",
+            "PerturbedAttentionGuidance", "SelfAttentionGuidance", "FreeU_V2", "TomePatchModel",
+            "LoraLoaderModelOnly", "ModelMergeSimple"}
 # Compile Model's defaults (choose auto, the background compile) on a handful; every node in the whole matrix.
 DEFAULTS_FOR = {"FreeU", "ModelSamplingDiscrete", "PerturbedAttentionGuidance", "LoraLoaderModelOnly",
                 "TomePatchModel"}
