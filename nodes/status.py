@@ -76,10 +76,7 @@ def _on_event(event: dict) -> None:
     elif node is None:
         return
     elif feature == "deepcache" and action == "run":
-        skipped = event.get("compute_skipped")
-        publish(node, feature, event["status"], f"reused deep features on {event['reused_steps']} of "
-                f"{event['steps']} steps" + (f", about {100 * skipped:.0f}% of the compute skipped"
-                                             if skipped is not None else "") + f" (run {event['status']})")
+        publish(node, feature, event["status"], deepcache_run_text(event))
     elif feature == "swap_weights" and action == "swapped":
         publish(node, feature, "swapped", f"swapped to {event['source']} in {event['seconds']:.2f} s "
                 f"({event['tensors']} tensors, {event['bytes'] / 2**20:.0f} MB)")
@@ -94,6 +91,17 @@ def _on_event(event: dict) -> None:
         publish(node, feature, "waiting", "applied; acts at the next sampling run")
     elif feature == "deepcache" and action == "unsupported":
         publish(node, feature, "off", f"passes the model through unchanged: {event['reason']}")
+
+
+def deepcache_run_text(event: dict) -> str:
+    """The DeepCache node's line for a run's report (run_state.RunState.report)."""
+    skipped = event.get("compute_skipped")
+    text = f"reused deep features on {event['reused_steps']} of {event['steps']} steps"
+    if skipped is not None:
+        text += f", about {100 * skipped:.0f}% of the compute skipped"
+    for reason, calls in (event.get("ran_full") or {}).items():  # what DeepCache passed through, and why
+        text += f"; {calls} call(s) ran in full: {reason}"
+    return text + f" (run {event['status']})"
 
 
 def _progress_of_the_waiting_node(kind: str, statuses) -> None:

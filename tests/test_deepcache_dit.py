@@ -153,7 +153,10 @@ def test_another_nodes_block_patch_keeps_working_under_deepcache(accel_pack, mod
     after = with_options(accel_pack, model, live_blocks="first only").clone()
     after.set_model_patch_replace(louder, "dit", "double_block", 2)
     assert torch.equal(run(after, name), run(inside, name))
-    assert last_report(accel_pack)["reused_steps"] == 0
+    report = last_report(accel_pack)
+    assert report["reused_steps"] == 0, report
+    (reason, calls), = report["ran_full"].items()  # the pass-through, named with the other node's patch
+    assert "replaced the patch of double_block 2" in reason and "louder" in reason and calls > 0, report
 
 
 @pytest.mark.parametrize("name", ("flux", "wan21"))
@@ -183,7 +186,8 @@ def test_a_patch_run_after_every_block_makes_each_call_run_in_full(accel_pack, m
     alone = run(patched, name)
     assert not torch.equal(alone, run(model, name)), "the patch changed nothing"
     assert torch.equal(run(deepcache(accel_pack, patched, 3, 0), name), alone)
-    assert last_report(accel_pack)["reused_steps"] == 0
+    report = last_report(accel_pack)
+    assert report["reused_steps"] == 0 and "runs after every block" in next(iter(report["ran_full"])), report
 
 
 def test_wan_vace_passes_through_with_the_reason(accel_pack, comfy_dir, caplog):

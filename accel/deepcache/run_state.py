@@ -73,6 +73,7 @@ class RunState:
     shallow_calls: int = 0
     fallback_calls: int = 0  # planned shallow, but no matching feature: ran full
     partial_calls: int = 0  # adaptive, transformer: calls in which some cond chunks reused and others ran
+    ran_full: dict = field(default_factory=dict)  # why planned reuses ran in full instead -> calls (`call`)
     reused_steps: set = field(default_factory=set)
     flops: float = 0.0  # estimated FLOPs of all UNet calls of the run, had they all been full
     skipped_flops: float = 0.0  # the part of it that shallow calls skipped
@@ -136,11 +137,15 @@ class RunState:
             if which is None or which[i]:
                 self.features[key].reused.add(step)
 
-    def call(self, transformer_options: dict, x: torch.Tensor, may_reuse: bool = True) -> ModelCall:
-        """The decision for this model call (`may_reuse` False: it runs in full whatever the plan, e.g. with a
-        ControlNet's residuals on a transformer)."""
+    def call(self, transformer_options: dict, x: torch.Tensor, refused: str | None = None) -> ModelCall:
+        """The decision for this model call. `refused`: why this call may not reuse whatever the plan (a
+        ControlNet's residuals on a transformer, another node's block patch); a call the plan would have let
+        reuse is then counted under that reason, which the run's report names."""
         step, keys, signature = self.locate(transformer_options, x)
-        call = ModelCall(step, keys, signature, bool(keys) and self.plan.is_shallow(step) and may_reuse)
+        planned = bool(keys) and self.plan.is_shallow(step)
+        if planned and refused is not None:
+            self.ran_full[refused] = self.ran_full.get(refused, 0) + 1
+        call = ModelCall(step, keys, signature, planned and refused is None)
         if call.planned_shallow:
             call.entries = self.entries(keys, step, signature)
             if call.entries is not None and self.plan.adaptive:
@@ -237,7 +242,7 @@ class RunState:
             "status": status, "steps": self.plan.steps, "planned_shallow_steps": self.plan.shallow_steps,
             "reused_steps": len(self.reused_steps), "full_calls": self.full_calls,
             "shallow_calls": self.shallow_calls, "fallback_calls": self.fallback_calls,
-            "partial_calls": self.partial_calls,
+            "partial_calls": self.partial_calls, "ran_full": dict(self.ran_full),
             "shallow_share": shallow_share,
             "compute_skipped": round(self.skipped_flops / self.flops, 4) if self.flops else None,
             "estimate": estimate,
@@ -291,3 +296,6 @@ def report_run(report: dict) -> None:
              + (f", {report['partial_calls']} with only some cond chunks reused" if report["partial_calls"] else ""),
              f"about {100 * skipped:.0f}%" if skipped is not None else "an unknown share",
              f"{100 * share:.1f}%" if share is not None else "unknown", report["status"])
+    for reason, calls in report["ran_full"].items():  # a combination DeepCache passes through: said each run
+        log.warning("[Accel] DeepCache%s: %d model call(s) it would have reused ran in full: %s.",
+                    f" (node {report['node']})" if report["node"] else "", calls, reason)

@@ -139,6 +139,14 @@ class DiffusionModelWrapper:
         return out
 
 
+def origin_of(patch) -> str:
+    """Where another node's patch comes from, as its module and name tell (a function's, or its class's)."""
+    if patch is None:
+        return "the patch was removed"
+    named = patch if hasattr(patch, "__qualname__") else type(patch)
+    return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+
+
 def transformer_options_of(args: tuple, kwargs: dict) -> dict | None:
     """The call's transformer_options among a DiT forward's arguments (each family passes them at another
     position; the run's own copy carries RUN_KEY)."""
@@ -156,6 +164,28 @@ class DiTApplyModelWrapper:
     def __init__(self, span_blocks: frozenset = frozenset()):
         self.span_blocks = span_blocks  # the ("double_block" | "single_block", i) keys of the spans' patches
 
+    def refusal(self, args: tuple, kwargs: dict, transformer_options: dict) -> str | None:
+        """Why this call may not reuse a span's residual, whatever the plan (it then runs in full and the run's
+        report says why), or None."""
+        # A ControlNet adds its residuals after each block, inside the span too: a reused span would add them on
+        # top of a residual that holds them already (APPLY_MODEL's 5th argument).
+        if (args[4] if len(args) > 4 else kwargs.get("control")) is not None:
+            return "a ControlNet adds its residuals between the blocks DeepCache would skip"
+        # A patch ComfyUI's block loops run after every block ("double_block": Qwen-Image's DiffSynth ControlNet;
+        # Wan's loop runs them too in newer ComfyUI) would run on a residual that holds its work already.
+        if (transformer_options.get("patches") or {}).get("double_block"):
+            return "a patch that runs after every block (another node's double_block patch) is on the model"
+        # A node applied after DeepCache that replaced a span block's patch with its own (PuLID-style nodes): on a
+        # reused call that block would run on top of the residual. (One applied before keeps working: the span's
+        # patch wraps it.)
+        dit = (transformer_options.get("patches_replace") or {}).get("dit") or {}
+        for key in sorted(self.span_blocks, key=str):
+            patch = dit.get(key)
+            if not isinstance(patch, dit_paths.SpanBlockPatch):
+                return (f"another node replaced the patch of {key[0]} {key[1]}, which DeepCache would skip, "
+                        f"after DeepCache was applied ({origin_of(patch)})")
+        return None
+
     def __call__(self, executor, *args, **kwargs):
         transformer_options = transformer_options_of(args, kwargs)
         run = transformer_options.get(RUN_KEY) if transformer_options is not None else None
@@ -165,19 +195,7 @@ class DiTApplyModelWrapper:
                 run.full_calls += 1
                 run.account_dit(x.shape[0] if isinstance(x, torch.Tensor) else 1, shallow=False)
             return executor(*args, **kwargs)
-        # A ControlNet adds its residuals after each block, inside the span too: a reused span would add them on
-        # top of a residual that holds them already, so such calls run in full (APPLY_MODEL's 5th argument). So
-        # do calls with a patch ComfyUI's block loops run after every block ("double_block": Qwen-Image's DiffSynth
-        # ControlNet; Wan's loop runs them too in newer ComfyUI).
-        control = args[4] if len(args) > 4 else kwargs.get("control")
-        after_each_block = (transformer_options.get("patches") or {}).get("double_block")
-        # A node applied after DeepCache that replaced a span block's patch with its own (PuLID-style nodes): on a
-        # reused call that block would run on top of the residual, which holds its work already. (One applied
-        # before keeps working: the span's patch wraps it.)
-        dit = (transformer_options.get("patches_replace") or {}).get("dit") or {}
-        replaced = any(not isinstance(dit.get(key), dit_paths.SpanBlockPatch) for key in self.span_blocks)
-        decided = run.call(transformer_options, x,
-                           may_reuse=control is None and not after_each_block and not replaced)
+        decided = run.call(transformer_options, x, refused=self.refusal(args, kwargs, transformer_options))
         call = dit_paths.SpanCall()
         if decided.entries is not None:
             call.adaptive = decided.adaptive  # adaptive: decided in the block loop, from the first span's input
