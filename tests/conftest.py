@@ -208,9 +208,9 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 LONGEST_FIRST = ("test_compile_model.py", "test_compile_video_families.py", "test_compile_families.py",
                  "test_web_ui.py", "test_compile_cache.py", "test_templates.py", "test_weight_formats.py",
                  "test_deepcache_dit.py", "test_compile_flux.py", "test_core_patches.py", "test_remote_cache.py",
-                 "test_deepcache.py", "test_swap_weights.py", "test_cache_faults.py", "test_process_tax.py",
-                 "test_auto_mode_fair.py", "test_conditioning.py", "test_doctor.py", "test_faults.py",
-                 "test_bench_gpu.py", "test_server_families.py", "test_server_e2e.py")
+                 "test_deepcache.py", "test_swap_weights.py", "test_conditioning_dit.py", "test_cache_faults.py",
+                 "test_process_tax.py", "test_auto_mode_fair.py", "test_conditioning.py", "test_doctor.py",
+                 "test_faults.py", "test_bench_gpu.py", "test_server_families.py", "test_server_e2e.py")
 
 # The full tier: `make test` runs each ComfyUI's suite in at most 18 minutes on the 2-core test machine (CI runs
 # it on two ComfyUI releases), so its longest tests, each a scenario `make test` covers in a shorter form, run only

@@ -455,7 +455,33 @@ def render(results: list[dict]) -> str:
              "applies; so does a block whose `forward` another node set. The Compile Model node says so once, in "
              "one log line naming the node and the reason, counts it in `/accel/stats` "
              "(`compile_model.passed_through`), and its status (`/accel/status`) counts its model's block calls, "
-             "compiled and eager by reason. Tested in `tests/test_core_patches.py`.", ""]
+             "compiled and eager by reason. Tested in `tests/test_core_patches.py`.", "",
+             "DeepCache on a transformer runs a call in full, and says why, where reusing the skipped blocks' "
+             "residual would add another node's work twice: a ControlNet's residuals (added after each block), a "
+             "patch the block loop runs after every block (`double_block`: Qwen-Image's DiffSynth ControlNet), or "
+             "another node's replacement of a skipped block's patch put on after DeepCache (PuLID-style nodes). The "
+             "run's log has one line per reason naming the node, the reason and the calls; the run's report in "
+             "`/accel/stats` counts them (`ran_full`); the node's status names them. The output then equals the "
+             "model's without DeepCache. Tested in `tests/test_deepcache_dit.py` and `tests/test_conditioning_dit.py`.",
+             "",
+             "## Conditioning that changes the model call", "",
+             "Tested on both ComfyUI versions (`tests/test_conditioning.py`, `tests/test_conditioning_dit.py`): "
+             "Compile Model (`always compiled`) equals eager with every block call compiled and compiles nothing "
+             "for a second prompt; DeepCache at interval 1 equals eager exactly, at interval 3 reuses on the "
+             "planned steps (or runs in full with the reason, as above).", "",
+             "| conditioning | model | Compile Model | DeepCache |", "| --- | --- | --- | --- |",
+             "| ControlNet (ControlNetApplyAdvanced) | SD1.5 | compiled | reuses (the skipped blocks' control "
+             "residuals are not seen on reused steps) |",
+             "| ControlNet (ControlNetApplyAdvanced, a diffusers-format SD3 ControlNet with a VAE) | SD3 | compiled "
+             "| runs in full: a ControlNet adds its residuals between the blocks DeepCache would skip |",
+             "| area (ConditioningSetArea) | SD1.5 | compiled | reuses, per area |",
+             "| mask (ConditioningSetMask) | SD1.5 | compiled | reuses |",
+             "| image-to-video (WanImageToVideo: start image, CLIP vision output) | Wan 2.1 I2V | compiled | reuses |",
+             "| first-last-frame (WanFirstLastFrameToVideo: two images, two CLIP vision outputs) | Wan 2.1 FLF2V "
+             "| compiled | reuses |", "",
+             "Not run here: Flux's ControlNets (ComfyUI detects them at Flux's full width, a 2 GB file; their "
+             "residuals go in after each block as SD3's do, so DeepCache runs those calls in full the same way).",
+             ""]
     for result in results:
         nodes = result["nodes"]
         families = sorted({f for info in nodes.values() for f in info["families"]})
