@@ -78,19 +78,33 @@ def close_dialogs(page, timeout: float = 10) -> None:
             time.sleep(0.3)
 
 
+# The pack's entry in the newest open template browser's left list, clicked in one turn of the page's own event
+# loop: on 0.33.0's frontend the list re-renders while the extensions' templates load, and a locator's click
+# (resolve, wait until stable, click) then found its element detached until it timed out (2026-12-03).
+CLICK_PACK_ENTRY = """() => {
+    const dialogs = [...document.querySelectorAll('.workflow-template-selector-dialog, [role=dialog]')]
+        .filter(d => d.getClientRects().length > 0);
+    const dialog = dialogs[dialogs.length - 1];
+    const entry = dialog && [...dialog.querySelectorAll('[role=button]')]
+        .find(b => b.innerText.trim() === 'ComfyUI-Accel' && b.getClientRects().length > 0);
+    if (!entry) return false;
+    entry.click();
+    return true;
+}"""
+
+
 def open_template_browser(page) -> None:
     """The frontend's template browser, on the pack's own page (Extensions > ComfyUI-Accel)."""
     close_dialogs(page)
     page.evaluate("() => window.app.extensionManager.command.execute('Comfy.BrowseTemplates')")
-    dialog = page.locator(".workflow-template-selector-dialog, [role=dialog]").first
+    dialog = page.locator(".workflow-template-selector-dialog, [role=dialog]").filter(visible=True).last
     dialog.wait_for(timeout=30_000)
-    pack = dialog.get_by_role("button", name="ComfyUI-Accel", exact=True)  # the pack's entry in the left list
     # The extensions' entries come after the dialog opens (0.33.0's frontend lists them once their templates
     # loaded): a look at once may miss the entry, and a click on its group's name then folds it away. So the
     # group's name is clicked only after a moment without the entry, and again (it toggles) after each 5 s more.
     start = time.monotonic()
     clicks = 0
-    while not pack.is_visible():
+    while not page.evaluate(CLICK_PACK_ENTRY):
         waited = time.monotonic() - start
         if waited > 30:
             raise AssertionError(f"the template browser has no ComfyUI-Accel entry: its buttons "
@@ -99,7 +113,6 @@ def open_template_browser(page) -> None:
             dialog.get_by_text("Extensions", exact=True).first.click()  # a folded group
             clicks += 1
         time.sleep(0.2)
-    pack.click()
 
 
 def card(page, title: str):
