@@ -3,7 +3,8 @@
 torch loads compiled kernels (shared libraries) and unpickles graphs from the cache's `inductor/` and artifacts,
 and the background child unpickles its jobs from it: whoever can write into it can run code in every ComfyUI
 process that uses it. So the pack creates the cache's directories owner-only (0700; files are written 0600 by
-store.write_atomic), and before using a directory of it, or loading a file from it, refuses one that another user
+store.write_atomic; torch's own `inductor/` tree below them gets the user's umask, private in effect behind the
+0700 root), and before using a directory of it, or loading a file from it, refuses one that another user
 owns, that group or others may write to, or that is a symbolic link inside the cache. A refused cache is not used
 at all: compiling still works, on torch's own temporary cache, and one warning says what is wrong and the fix.
 
