@@ -4,8 +4,8 @@ processes share the families (pytest-xdist gives each file to one process).
 
 With every default (choose=auto, background compile) and with choose=always compiled, the output equals eager
 within the compiled tolerance, the background child's graphs are loaded, the repeat compiles nothing, no
-compiled block breaks into several graphs, and a prompt-length sweep and a size sweep each cost at most one
-compile per kind and call variant, then none (in CI: prompt length on HunyuanVideo, size on Wan 2.1). Compiles are counted
+compiled block breaks into several graphs (check_compile_model_on_family); a prompt-length sweep and a size sweep
+each cost at most one compile per kind and call variant, then none (check_sweep: SWEEPS). Compiles are counted
 with Dynamo's own counter, as a change over what each step does.
 """
 from __future__ import annotations
@@ -25,11 +25,12 @@ IMAGE_FAMILIES = [f for f in FAMILIES if (len(f.latent_shape) == 4 or f.name == 
                   and f.name != "flux"]
 VIDEO_FAMILIES = [f for f in FAMILIES if len(f.latent_shape) == 5 and f.name != "qwen_image"]
 
-# The sweeps compile dynamic graphs (20-45 s each here). CI runs the prompt-length sweep on a DiT with double
-# and single blocks and a token refiner (HunyuanVideo: narrow, where Flux's 3072-wide graphs cost a minute more)
-# and the size sweep on Wan 2.1; test_compile_model.py sweeps a UNet's sizes. ACCEL_ALL_SWEEPS=1 runs both
-# sweeps on every family (CI's 30 minutes do not hold them all).
-SWEEPS = {"hunyuan_video": ("tokens",), "wan21": ("latent_shape",)}
+# The sweeps compile dynamic graphs (20-45 s each here): make test sweeps prompt lengths on a DiT with double
+# and single blocks and a token refiner (HunyuanVideo: narrow, where Flux's 3072-wide graphs cost a minute more);
+# the full tier also sizes on Wan 2.1 (make test changes Wan 2.2's frames, size and batch under the defaults, and
+# a UNet's latent width in test_compile_model.py). ACCEL_ALL_SWEEPS=1 sweeps both on every family.
+SWEEPS = ([(f.name, n) for f in FAMILIES for n in ("tokens", "latent_shape")] if os.environ.get("ACCEL_ALL_SWEEPS")
+          else [("hunyuan_video", "tokens"), ("wan21", "latent_shape")])
 # Measured exceptions to "one compile per kind and call variant": HunyuanVideo's token refiner compiles its
 # dynamic graph twice on the first longer prompt (the second after a guard on an input that is None).
 EXTRA_SWEEP_COMPILES = {("hunyuan_video", "tokens"): 1}
@@ -104,28 +105,33 @@ def check_compile_model_on_family(engine, comfy_nodes, family: FamilyCase) -> No
     assert dynamo_graph_breaks() == breaks, f"{family.name}: a block loaded from the child broke into graphs"
 
     # choose=always compiled: compiled from the first call (the same graphs: choose is not part of the key).
-    always, always_kinds = check_always_compiled(engine, model, family, eager)
+    check_always_compiled(engine, model, family, eager)
     frames = dynamo_frames()
     assert_close_to_eager(sample(auto, family), eager, f"{family.name}: defaults, repeat")
     assert dynamo_frames() == frames, "the defaults' repeat compiled again"
 
-    # Prompt length (77, 154, 231 tokens) and latent size: at most one more compile per kind and call variant
-    # each, then none. (A variant is a way the model calls a kind apart from sizes: Wan's first block gets its
-    # input transposed, the others do not; HunyuanVideo's token refiner is called with and without a mask.)
-    sweeps = ("tokens", "latent_shape") if os.environ.get("ACCEL_ALL_SWEEPS") else SWEEPS.get(family.name, ())
-    if not sweeps:
-        return
-    graphs = sum(k["call_variants"] for k in always_kinds)
-    tokens = [family.tokens, 2 * family.tokens, 3 * family.tokens]
+
+def sweep_values(family: FamilyCase, name: str) -> list:
+    """Prompt lengths of 1, 2 and 3 times the family's, or its latent and two larger sizes."""
+    if name == "tokens":
+        return [family.tokens, 2 * family.tokens, 3 * family.tokens]
     shape = family.latent_shape
-    sizes = [shape, (*shape[:-2], shape[-2] + 8, shape[-1] + 8), (*shape[:-2], shape[-2] + 8, shape[-1] + 16)]
-    for name, values in (("tokens", tokens), ("latent_shape", sizes)):
-        if name not in sweeps:
-            continue
-        first = sweep(always, family, **{name: values})
-        allowed = graphs + EXTRA_SWEEP_COMPILES.get((family.name, name), 0)
-        assert first <= allowed, f"{family.name}: the {name} sweep compiled {first} times for {graphs} call variants"
-        assert sweep(always, family, **{name: values}) == 0, f"{family.name}: the repeated {name} sweep compiled"
-    out = sample(always, family, tokens=tokens[-1], latent_shape=sizes[-1])
-    assert_close_to_eager(out, sample(model, family, tokens=tokens[-1], latent_shape=sizes[-1]),
-                          f"{family.name}: after the sweeps")
+    return [shape, (*shape[:-2], shape[-2] + 8, shape[-1] + 8), (*shape[:-2], shape[-2] + 8, shape[-1] + 16)]
+
+
+def check_sweep(engine, comfy_nodes, family: FamilyCase, name: str) -> None:
+    """A prompt-length ("tokens") or latent-size ("latent_shape") sweep under always compiled: at most one more
+    compile per kind and call variant, then none; the last value equals eager. (A variant is a way the model calls
+    a kind apart from sizes: Wan's first block gets its input transposed, the others do not; HunyuanVideo's token
+    refiner is called with and without a mask.)"""
+    model = load(comfy_nodes, family)
+    always = engine.compile_model(model, engine.CompileOptions(choose="always compiled"))
+    sample(always, family, steps=1)  # the family's own shapes first (compiled by the family's test, if it ran here)
+    graphs = sum(k["call_variants"] for k in own_kinds(engine, always, "always compiled"))
+    values = sweep_values(family, name)
+    first = sweep(always, family, **{name: values})
+    allowed = graphs + EXTRA_SWEEP_COMPILES.get((family.name, name), 0)
+    assert first <= allowed, f"{family.name}: the {name} sweep compiled {first} times for {graphs} call variants"
+    assert sweep(always, family, **{name: values}) == 0, f"{family.name}: the repeated {name} sweep compiled"
+    assert_close_to_eager(sample(always, family, **{name: values[-1]}), sample(model, family, **{name: values[-1]}),
+                          f"{family.name}: after the {name} sweep")

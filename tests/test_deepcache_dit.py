@@ -288,7 +288,13 @@ def test_a_call_where_only_some_chunks_reuse_gives_each_what_it_gets_alone(accel
     torch.testing.assert_close(split, batched, rtol=0, atol=1e-5 * batched.abs().max().item())
 
 
-@pytest.mark.parametrize("name", ADAPTIVE_CASES)
+# Flux's double and single lists under both nodes compile the most here: the full tier runs them.
+_WITH_COMPILE_IN_FULL = {"flux": pytest.mark.full(why=(
+    "DeepCache with Compile Model on Flux; make test runs it on Qwen-Image, SD3 and Wan 2.1 here, and Flux's "
+    "DeepCache (adaptive, forecast) and its compiled blocks (test_compile_flux.py) each alone"))}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_WITH_COMPILE_IN_FULL.get(n, ())) for n in ADAPTIVE_CASES])
 def test_dit_deepcache_with_compile_model_recompiles_nothing_after_the_first_run(accel_pack, models, name):
     """Compile Model's compiled blocks serve DeepCache's full steps and the live blocks of its reused ones, in
     either node order, with the uniform schedule and the adaptive one (its decision is plain Python in the block
