@@ -16,8 +16,6 @@ quantized tensor format with a message naming it, the model untouched.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -30,9 +28,13 @@ GGUF_FILES = {"gguf Q8_0": "accel-sd15-small-Q8_0.gguf", "gguf Q4_0": "accel-sd1
 ALL_FORMATS = ("fp8_e4m3fn", "fp8_e5m2", "fp8 scaled", *GGUF_FILES)
 # Each format's blocks are kinds of their own (a kind's key holds its weights' dtypes): compiled once per format.
 # `make test` (two ComfyUI versions, at most 18 minutes each) compiles one of each way of storing them (fp8 by
-# weight_dtype, ComfyUI's scaled fp8, a GGUF quant); ACCEL_WEIGHT_FORMATS=all adds fp8 e5m2 and GGUF Q8_0.
-FORMATS = ALL_FORMATS if os.environ.get("ACCEL_WEIGHT_FORMATS") == "all" else ("fp8_e4m3fn", "fp8 scaled",
-                                                                                 "gguf Q4_0")
+# weight_dtype, ComfyUI's scaled fp8, a GGUF quant); the full tier (make test-full) adds fp8 e5m2 and GGUF Q8_0.
+FULL_ONLY = {
+    "fp8_e5m2": "another fp8 dtype through the same weight_dtype path as fp8_e4m3fn, which make test runs",
+    "gguf Q8_0": "the same ComfyUI-GGUF dequantization path as gguf Q4_0, which make test runs "
+                 "(its swap refusal runs in make test)",
+}
+FORMATS = [pytest.param(f, marks=pytest.mark.full(why=FULL_ONLY[f])) if f in FULL_ONLY else f for f in ALL_FORMATS]
 
 
 @pytest.fixture(scope="module")
@@ -186,11 +188,9 @@ def test_swap_weights_refuses_a_quantized_format_naming_it(accel_pack, comfy_nod
 
 
 # Flux's 3072-wide blocks compile again in fp8 (their kinds are new: a kind's key holds its weights' dtype), which
-# the 2-core test machine could not afford in the suite: ACCEL_WEIGHT_FORMATS_FLUX=1 runs it.
-FLUX_FP8 = os.environ.get("ACCEL_WEIGHT_FORMATS_FLUX", "0") == "1"
-
-
-@pytest.mark.skipif(not FLUX_FP8, reason="Flux in fp8 compiles 3072-wide kinds again: ACCEL_WEIGHT_FORMATS_FLUX=1")
+# the 2-core test machine cannot afford in make test.
+@pytest.mark.full(why="Flux in fp8 compiles its 3072-wide kinds again; make test runs fp8_e4m3fn on the small UNet "
+                      "and Flux in bf16 (test_compile_flux.py)")
 def test_flux_fp8_weights_compile_equal_eager_and_take_a_lora(engine, comfy_nodes):
     """Flux (the generated 3072-wide model) loaded as fp8 e4m3fn, the usual Flux set-up on consumer GPUs: always
     compiled equals eager, a repeat compiles nothing, and a LoRA on top applies as it does eagerly."""
