@@ -96,3 +96,16 @@ def wait_for_idle_release(engine, timeout: float = 60.0) -> float | None:
             return None
         time.sleep(0.1)
     return time.monotonic() - start
+
+
+def last_call(engine, model) -> dict:
+    """What Compile Model's last call of `model` ran: its block calls, compiled and eager by reason."""
+    return engine.REGISTRY.stats()["last_calls"][f"{type(model.model).__name__}@{id(model.model):x}"]
+
+
+def deepcache_report(accel_pack) -> dict:
+    """The last DeepCache run's report (run_state.RunState.report), as the pack's telemetry recorded it."""
+    events = [e for e in accel_pack.accel.telemetry.snapshot()["events"]
+              if e["feature"] == "deepcache" and e["action"] == "run"]
+    assert events, "no DeepCache run was reported"
+    return events[-1]

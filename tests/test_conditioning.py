@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compile_helpers import SMALL, assert_close_to_eager, conds, dynamo_frames
+from compile_helpers import SMALL, assert_close_to_eager, conds, deepcache_report, dynamo_frames, last_call
 from tools.control_models import write_sd15_controlnet
 
 CONTROLNET = "accel-sd15-small-controlnet.safetensors"
@@ -83,10 +83,6 @@ def make(case: str, comfy_nodes, controlnet, seed: int = 0):
     return CASES[case](comfy_nodes, controlnet, seed) if case == "controlnet" else CASES[case](comfy_nodes, seed)
 
 
-def last_call(engine, model) -> dict:
-    return engine.REGISTRY.stats()["last_calls"][f"{type(model.model).__name__}@{id(model.model):x}"]
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_equals_eager_runs_every_block_compiled_and_a_second_prompt_compiles_nothing(
         engine, comfy_nodes, unet, compiled, controlnet, case):
@@ -104,13 +100,6 @@ def test_compiled_equals_eager_runs_every_block_compiled_and_a_second_prompt_com
 
 def deepcache(accel_pack, model, interval: int):
     return accel_pack.nodes.deepcache.DeepCache().apply(model, interval, 1, 0.0, 1.0, "uniform")[0]
-
-
-def deepcache_report(accel_pack) -> dict:
-    events = [e for e in accel_pack.accel.telemetry.snapshot()["events"]
-              if e["feature"] == "deepcache" and e["action"] == "run"]
-    assert events, "no DeepCache run was reported"
-    return events[-1]
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compile_helpers import assert_close_to_eager, dynamo_frames
+from compile_helpers import assert_close_to_eager, deepcache_report, dynamo_frames, last_call
 from tools.control_models import write_sd3_controlnet
 from tools.families import BY_FAMILY
 
@@ -144,10 +144,6 @@ def run(model, family, positive, negative, latent, steps: int = 3, seed: int = 0
                                disable_pbar=True, seed=seed)
 
 
-def last_call(engine, model) -> dict:
-    return engine.REGISTRY.stats()["last_calls"][f"{type(model.model).__name__}@{id(model.model):x}"]
-
-
 # First-last-frame compiles the I2V blocks again for its 514 image tokens: make test compiles them for
 # image-to-video and runs first-last-frame under DeepCache.
 _COMPILED_IN_FULL = {"wan_first_last_frame": pytest.mark.full(why=(
@@ -180,13 +176,6 @@ def deepcache(accel_pack, model, interval: int):
     # reused step (any more live blocks would leave no block to skip).
     return accel_pack.nodes.deepcache.DeepCache().apply(model, interval, 0, 0.0, 1.0, "uniform",
                                                         live_blocks="first only")[0]
-
-
-def deepcache_report(accel_pack) -> dict:
-    events = [e for e in accel_pack.accel.telemetry.snapshot()["events"]
-              if e["feature"] == "deepcache" and e["action"] == "run"]
-    assert events, "no DeepCache run was reported"
-    return events[-1]
 
 
 @pytest.mark.parametrize("case", list(CASES))

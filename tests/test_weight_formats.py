@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compile_helpers import SMALL, SMALL_B, assert_close_to_eager, dynamo_frames, own_kinds, sample
+from compile_helpers import SMALL, SMALL_B, assert_close_to_eager, deepcache_report, dynamo_frames, own_kinds, sample
 from tools import quant_models
 
 LORA = "accel-sd15-lora.safetensors"
@@ -139,13 +139,6 @@ def test_a_lora_on_top_applies_under_compile_as_eagerly(comfy_nodes, runs, fmt):
     frames = dynamo_frames()
     assert_close_to_eager(sample(compiled), eager, f"{fmt}: compiled, LoRA on top, repeat")
     assert dynamo_frames() == frames, f"{fmt}: the repeated LoRA prompt compiled again"
-
-
-def deepcache_report(accel_pack) -> dict:
-    events = [e for e in accel_pack.accel.telemetry.snapshot()["events"]
-              if e["feature"] == "deepcache" and e["action"] == "run"]
-    assert events, "no DeepCache run was reported"
-    return events[-1]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

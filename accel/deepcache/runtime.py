@@ -163,6 +163,7 @@ class DiTApplyModelWrapper:
 
     def __init__(self, span_blocks: frozenset = frozenset()):
         self.span_blocks = span_blocks  # the ("double_block" | "single_block", i) keys of the spans' patches
+        self.span_order = tuple(sorted(span_blocks, key=str))  # refusal's walk, sorted once: it runs every call
 
     def refusal(self, args: tuple, kwargs: dict, transformer_options: dict) -> str | None:
         """Why this call may not reuse a span's residual, whatever the plan (it then runs in full and the run's
@@ -179,7 +180,7 @@ class DiTApplyModelWrapper:
         # reused call that block would run on top of the residual. (One applied before keeps working: the span's
         # patch wraps it.)
         dit = (transformer_options.get("patches_replace") or {}).get("dit") or {}
-        for key in sorted(self.span_blocks, key=str):
+        for key in self.span_order:
             patch = dit.get(key)
             if not isinstance(patch, dit_paths.SpanBlockPatch):
                 return (f"another node replaced the patch of {key[0]} {key[1]}, which DeepCache would skip, "
