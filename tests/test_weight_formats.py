@@ -26,15 +26,8 @@ LORA = "accel-sd15-lora.safetensors"
 SCALED = "accel-sd15-small-fp8-scaled.safetensors"
 GGUF_FILES = {"gguf Q8_0": "accel-sd15-small-Q8_0.gguf", "gguf Q4_0": "accel-sd15-small-Q4_0.gguf"}
 ALL_FORMATS = ("fp8_e4m3fn", "fp8_e5m2", "fp8 scaled", *GGUF_FILES)
-# Each format's blocks are kinds of their own (a kind's key holds its weights' dtypes): compiled once per format.
-# `make test` (two ComfyUI versions, at most 18 minutes each) compiles one of each way of storing them (fp8 by
-# weight_dtype, ComfyUI's scaled fp8, a GGUF quant); the full tier (make test-full) adds fp8 e5m2 and GGUF Q8_0.
-FULL_ONLY = {
-    "fp8_e5m2": "another fp8 dtype through the same weight_dtype path as fp8_e4m3fn, which make test runs",
-    "gguf Q8_0": "the same ComfyUI-GGUF dequantization path as gguf Q4_0, which make test runs "
-                 "(its swap refusal runs in make test)",
-}
-FORMATS = [pytest.param(f, marks=pytest.mark.full(why=FULL_ONLY[f])) if f in FULL_ONLY else f for f in ALL_FORMATS]
+# Each format's blocks are kinds of their own (a kind's key holds its weights' dtypes): compiled once per format,
+# every one in make test (issue #70: e4m3fn and e5m2 by weight_dtype, ComfyUI's scaled fp8, GGUF Q8_0 and Q4_0).
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +97,7 @@ def runs(comfy_nodes, engine, format_files, plain):
     return get
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_compiled_equals_eager_on_the_same_weights_and_the_repeat_compiles_nothing(engine, runs, plain, fmt):
     run = runs(fmt)
     storage = stored_as(run["model"])
@@ -126,7 +119,7 @@ def test_compiled_equals_eager_on_the_same_weights_and_the_repeat_compiles_nothi
     assert last["blocks"] and last["compiled"] == last["blocks"] and not last["eager"], last
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_a_lora_on_top_applies_under_compile_as_eagerly(comfy_nodes, runs, fmt):
     """Load (format) -> Compile Model -> LoRA, against Load (format) -> LoRA: the LoRA changes the output, the
     compiled output equals the eager one, and its repeat compiles nothing."""
@@ -141,7 +134,7 @@ def test_a_lora_on_top_applies_under_compile_as_eagerly(comfy_nodes, runs, fmt):
     assert dynamo_frames() == frames, f"{fmt}: the repeated LoRA prompt compiled again"
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_deepcache_reuses_features_on_the_format(accel_pack, runs, fmt):
     """Interval 1 is the format's own eager output exactly; interval 3 reuses deep features on 4 of 6 steps."""
     run = runs(fmt)
@@ -180,10 +173,8 @@ def test_swap_weights_refuses_a_quantized_format_naming_it(accel_pack, comfy_nod
     assert torch.equal(sample(model), eager), "the refused swap changed the model"
 
 
-# Flux's 3072-wide blocks compile again in fp8 (their kinds are new: a kind's key holds its weights' dtype), which
-# the 2-core test machine cannot afford in make test.
-@pytest.mark.full(why="Flux in fp8 compiles its 3072-wide kinds again; make test runs fp8_e4m3fn on the small UNet "
-                      "and Flux in bf16 (test_compile_flux.py)")
+# Flux's 3072-wide blocks compile again in fp8 (their kinds are new: a kind's key holds its weights' dtype): Flux
+# in fp8 is the usual set-up on consumer GPUs, so make test pays it.
 def test_flux_fp8_weights_compile_equal_eager_and_take_a_lora(engine, comfy_nodes):
     """Flux (the generated 3072-wide model) loaded as fp8 e4m3fn, the usual Flux set-up on consumer GPUs: always
     compiled equals eager, a repeat compiles nothing, and a LoRA on top applies as it does eagerly."""
