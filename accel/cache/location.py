@@ -79,3 +79,21 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def environment_dirs(root: Path) -> list[Path]:
+    """The pack's environment directories under `root`: each holds its fingerprint.json. Nothing else there is
+    the pack's to count, evict or clear: ACCEL_CACHE_DIR may name a folder that holds other things too (a shared
+    volume's root, ~/.cache)."""
+    return sorted(p for p in root.iterdir() if (p / "fingerprint.json").is_file()) if root.is_dir() else []
+
+
+def read_fingerprint(env_dir: Path) -> dict | None:
+    """An environment's fingerprint.json; None when it cannot be read (missing, damaged). It only describes the
+    environment (its folder's name is the id), so a damaged one costs nothing but its description: the next
+    process to use the environment writes it again."""
+    try:
+        found = json.loads((env_dir / "fingerprint.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
