@@ -714,7 +714,7 @@ def test_one_child_takes_job_after_job_until_it_is_idle(engine, tmp_path, monkey
     first, second = launch_one(compiler, "a"), launch_one(compiler, "b")
     assert first["pid"] == second["pid"], "the second job started a child of its own"
     assert second["returncode"] == 1 and second["failed"], second
-    compiler._retire_worker()
+    compiler._keeper.retire()
 
     monkeypatch.setenv("ACCEL_BACKGROUND_IDLE_SECONDS", "0")
     compiler = engine.background.BackgroundCompiler()

@@ -4,8 +4,10 @@
 - skeleton.py: what is sent, a block's structure and tensor layouts, never the user's weights;
 - decision.py: whether a kind's first cold compile goes to a child, or it loads from the cache instead;
 - capture.py: what a child compiles, taken during an eager call (a block's skeleton, its calls' input layouts);
-- parent.py: the jobs in ComfyUI's process, one at a time, and their results handed back to the kinds (`BACKGROUND`);
+- parent.py: the jobs in ComfyUI's process, one at a time: launched, queued or held, polled, waited for (`BACKGROUND`);
+- job_results.py: an ended job's results read and handed back to its kinds, its record for the stats;
 - worker.py: the child process that waits for the next job until it has been idle a while, and one job sent to it;
+- worker_keeper.py: which child a job goes to, and when the waiting one is retired (its idle timer);
 - job_folders.py: the jobs' and children's folders, and the sweep of those whose process is gone;
 - idle_gate.py: on a CPU with few cores (hold_until_idle), held work starts at this process's next idle
   moment (`IDLE_GATE`);

@@ -34,15 +34,12 @@ kind back to compiling here at its next call, and the log says why. Each kind's 
 """
 from __future__ import annotations
 
-import json
 import logging
 import pickle
-import shutil
 import threading
 import time
 from pathlib import Path
 
-from ... import telemetry
 from ...cache.trust import make_private_dirs
 from ..precompiled import warm_loader
 from .activity import ACTIVITY
@@ -50,23 +47,26 @@ from .capture import Capture
 from .cpu_checks import CPU_CHECKS
 from .idle_gate import IDLE_GATE
 from .job_folders import folder_name, sweep_stale_jobs
+from .job_results import hand_back
 from .loader import LOADER
-from .worker import DONE_FILE, Job, Worker, child_setup, idle_seconds, read_json, start_worker
+from .worker import Job
+from .worker_keeper import WorkerKeeper
 
 log = logging.getLogger("comfyui_accel")
 
 
 class BackgroundCompiler:
     """One job at a time: kinds captured while one runs are sent (as skeletons) to the next, started when it
-    ends. Their blocks run eagerly until then."""
+    ends. Their blocks run eagerly until then. The child they go to, and when it goes, is the `WorkerKeeper`'s
+    (worker_keeper.py); reading an ended job's results, job_results.py's."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._job: Job | None = None
-        self._worker: Worker | None = None
-        self._idle_timer: threading.Timer | None = None
         self._queue: list[tuple[list[dict], list, Path]] = []  # (items, entries, environment dir) waiting
         self._held: list[tuple[list[dict], list, Path]] = []  # the same, waiting for an idle moment
+        # the waiting child: its idle timer retires it only if no job runs or is queued by then
+        self._keeper = WorkerKeeper(self._lock, lambda: self._job is None and not self._queue)
         self.history: list[dict] = []  # one record per finished job, for stats
         # Jobs taken off `_job` whose results are still being read (poll, on the loader thread): still busy, so
         # a stats request between the two never sees the work neither running nor finished.
@@ -129,7 +129,7 @@ class BackgroundCompiler:
 
     def _start(self, items: list[dict], entries: list, env_dir: Path) -> bool:
         """Send `items` to the waiting child, or to a new one (the lock held)."""
-        self._cancel_idle_timer()
+        self._keeper.cancel_idle_timer()
         if env_dir not in self._swept:
             self._swept.add(env_dir)
             sweep_stale_jobs(env_dir / "jobs")
@@ -138,7 +138,7 @@ class BackgroundCompiler:
             make_private_dirs(directory)  # the child unpickles its job: no one else may write there (trust.py)
             with open(directory / "job.pkl", "wb") as handle:
                 pickle.dump({"items": items}, handle)
-            worker = self._worker_for(env_dir)
+            worker = self._keeper.worker_for(env_dir)
             worker.send(directory)
         except Exception as err:  # whatever it is, it costs the background compile, never the prompt
             for entry in entries:
@@ -152,54 +152,14 @@ class BackgroundCompiler:
                  ", ".join(e.kind.label for e in entries), worker.process.pid)
         return True
 
-    def _worker_for(self, env_dir: Path) -> Worker:
-        """The waiting child if it was started for this environment and set-up, else a new one (the lock held)."""
-        setup = child_setup(env_dir)
-        key = json.dumps(setup, sort_keys=True)
-        if self._worker is not None and self._worker.key == key and self._worker.alive():
-            return self._worker
-        if self._worker is not None:
-            self._worker.retire()
-        self._worker = start_worker(env_dir, setup, key)
-        return self._worker
-
     def retire_idle_worker(self) -> bool:
         """End the waiting child now, if no job runs or waits (before the cache it works in is cleared); False
         when there is background work."""
         with self._lock:
             if self.has_jobs:
                 return False
-            self._retire_worker()
+            self._keeper.retire()
             return True
-
-    def _retire_when_idle(self, device_type: str) -> None:
-        """After a job on `device_type`, with none queued (the lock held): the child goes after the idle time, or
-        now."""
-        if self._worker is None:
-            return
-        idle = idle_seconds(device_type)
-        if idle <= 0:
-            self._retire_worker()
-            return
-        self._idle_timer = threading.Timer(idle, self._retire_if_still_idle)
-        self._idle_timer.daemon = True
-        self._idle_timer.start()
-
-    def _retire_if_still_idle(self) -> None:
-        with self._lock:
-            if self._job is None and not self._queue:
-                self._retire_worker()
-
-    def _retire_worker(self) -> None:
-        self._cancel_idle_timer()
-        if self._worker is not None:
-            self._worker.retire()
-            self._worker = None
-
-    def _cancel_idle_timer(self) -> None:
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
 
     def _hand_back_when_done(self, job: Job):
         """A check the loader thread makes every quarter second (loader.watch) that hands the job's kinds back when
@@ -234,7 +194,7 @@ class BackgroundCompiler:
         # the child's results are read (and the kinds' graphs queued) on the loader thread, the caller waiting:
         # what that allocates stays out of the prompt thread's arena (loader.py)
         try:
-            LOADER.run_here(self._finish, job)
+            LOADER.run_here(hand_back, job, self._keeper, self.history)
         finally:
             with self._lock:
                 self._finishing -= 1
@@ -242,7 +202,7 @@ class BackgroundCompiler:
             while self._job is None and self._queue:
                 self._start(*self._queue.pop(0))
             if self._job is None:
-                self._retire_when_idle(job.entries[0].device_type)
+                self._keeper.retire_when_idle(job.entries[0].device_type)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every job (the running one and those queued) is done and its kinds are handed back, and
@@ -259,52 +219,6 @@ class BackgroundCompiler:
             self.poll()
         LOADER.load_all_now()  # the children's graphs loaded too
         return True
-
-    def _finish(self, job: Job) -> None:
-        wall = time.perf_counter() - job.started
-        results = read_json(job.directory / "results.json") or {}
-        done = read_json(job.directory / DONE_FILE)
-        if done is None:  # the child ended in the job (it crashed, or was killed)
-            job.worker.process.wait()
-            returncode, error = job.worker.process.returncode, None
-            with self._lock:
-                if self._worker is job.worker:
-                    self._worker = None
-        else:
-            returncode, error = done.get("returncode"), done.get("error")
-        by_id = {r["cache_id"]: r for r in results.get("kinds", [])}
-        failed = []
-        for entry in job.entries:
-            result = by_id.get(entry.cache_id)
-            if result and not result.get("failure"):  # compiled and saved, even if the job went wrong after
-                # no graph to load (child.compile_item stops at a graph break): the kind runs eagerly from now
-                if result.get("graph_breaks") and not isinstance(result.get("precompiled"), int):
-                    entry.background.done(result["seconds"], in_pieces=str(result.get("precompiled")))
-                    entry.choice.compiles_only_in_pieces(str(result.get("precompiled")))
-                else:
-                    entry.background.done(result["seconds"], result.get("precompiled"),
-                                          refused=result.get("precompile_refused", False))
-                entry.precompiled.due = isinstance(result.get("precompiled"), int)
-            else:
-                why = (result or {}).get("failure") or error or f"the child exited with code {returncode}"
-                entry.background.failed(why)
-                failed.append(entry.kind.label)
-        LOADER.load_when_idle([e for e in job.entries if e.precompiled.due])  # between prompts
-        record = {"pid": job.worker.process.pid, "kinds": [e.kind.label for e in job.entries],
-                  "wall_seconds": round(wall, 1), "returncode": returncode,
-                  "cold_graphs": sum(r.get("fx_graph_misses", 0) for r in results.get("kinds", [])),
-                  "peak_rss_mib": results.get("peak_rss_mib"), "failed": failed}
-        self.history.append(record)
-        telemetry.record("compile_model", "background_done", kinds=record["kinds"], failed=failed)
-        if failed:
-            log_path = job.worker.directory / "log.txt"
-            tail = log_path.read_text(errors="replace")[-2000:]
-            log.warning("[Accel] Compile Model: the background compile of %s failed; they compile at their next "
-                        "call instead. The child's log (%s) ends:\n%s", ", ".join(failed), log_path, tail)
-        else:
-            shutil.rmtree(job.directory, ignore_errors=True)
-            log.info("[Accel] Compile Model: background compile done in %.1f s (%s); the next call loads them from "
-                     "the compile cache", wall, ", ".join(record["kinds"]))
 
     def stats(self) -> dict:
         self.poll()  # the server's stats route may ask while no UNet call comes to poll
