@@ -1,0 +1,120 @@
+"""The code's layout as issue #71 asks it (docs/contributing.md, the layout): no import circle among the modules of
+accel/, tools/ or bench/ (a circle is what makes a module's import order matter and its parts impossible to move
+alone), and bench/ never imports the tests (a benchmark measures the pack, not the test helpers). Read from the
+source with `ast`: no torch, no ComfyUI.
+
+Imports inside a function are left out: they run at call time, after every module is whole, which is how the code
+breaks a circle on purpose (and says why where it does)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("accel", "tools", "bench")
+
+
+def module_names(folder: Path) -> dict[str, Path]:
+    """Every module of the folder by its dotted name (a package by its own name, not `.__init__`)."""
+    found = {}
+    for path in folder.rglob("*.py"):
+        parts = list(path.relative_to(folder.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imported_at_module_level(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of `known` that this module's top level imports (`from x import y` counts y when y is a module,
+    else x)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            candidates = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source
+                          for alias in node.names]
+        else:
+            continue
+        for candidate in candidates:
+            while candidate and candidate not in known and "." in candidate:
+                candidate = candidate.rpartition(".")[0]
+            if candidate in known and candidate != name:
+                targets.add(candidate)
+    return targets
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+@pytest.mark.parametrize("folder", PACKAGES)
+def test_no_import_circle_at_module_level(folder):
+    known = module_names(ROOT / folder)
+    graph = {name: imported_at_module_level(name, path, known) for name, path in known.items()}
+    found = circles(graph)
+    assert not found, (f"modules of {folder}/ that import each other at module level: {found}; move what both "
+                       f"need into a module of its own, or import inside the function that needs it (saying why)")
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_bench_never_imports_the_tests():
+    tests = set(module_names(ROOT / "tests")) | {path.stem for path in (ROOT / "tests").glob("*.py")}
+    offenders = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in tests]
+    assert not offenders, f"bench/ imports test modules: {offenders}; move what it needs into tools/"
