@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args) -> int:
     if args.command == "compile-worker":  # started by a ComfyUI process (accel/compile/background/)
-        from .compile.background.child import serve
+        from .compile.child.serve import serve
 
         return serve(args.directory)
     if args.command == "doctor":  # needs no ComfyUI: it runs before the ComfyUI directory is looked for

@@ -40,6 +40,7 @@ _PATCHER = "accel/compile/patcher.py"
 _OBJECT_PATCHES = "accel/compile/object_patches.py"
 _RECORD = "accel/compile/model_record.py"
 _PRECOMPILED = "accel/compile/precompiled.py"
+_SAVING = "accel/compile/child/saving.py"
 _UNET = "accel/deepcache/unet_paths.py"
 _DIT = "accel/deepcache/dit_paths.py"
 _RUNTIME = "accel/deepcache/runtime.py"
@@ -92,7 +93,7 @@ NAMES: dict[str, PrivateName] = {n.name: n for n in (
        "whole-model scope compiles `forward` instead (other nodes' DIFFUSION_MODEL wrappers traced with it)"),
     _n("cast modules' weight_function, bias_function (LoRA on a partial load)", ("weight_function", "bias_function"),
        _BLOCKS, "such blocks are compiled with ComfyUI's per-call LoRA functions (recompiles per weight, same result)"),
-    _n("<param>_comfy_model_dtype (0.33's load-time dtype records)", "_comfy_model_dtype", _PRECOMPILED,
+    _n("<param>_comfy_model_dtype (0.33's load-time dtype records)", "_comfy_model_dtype", _SAVING,
        "nothing set aside; a record under another name makes torch refuse the saved graph: the kind loads "
        "through Dynamo (logged)"),
     _n("transformer_options keys the sampler sets", ("cond_or_uncond", "sample_sigmas", "uuids",

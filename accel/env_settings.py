@@ -91,7 +91,7 @@ SETTINGS = (
     Setting("ACCEL_DISABLE_REMOTE_TORCH_CACHE", "switch", "off",
             "With a remote cache ([docs/cache.md](docs/cache.md)), torch's own remote caches stay off: only the "
             "pack's artifacts travel."),
-    # compile/background/batch_twin.py SWITCH
+    # compile/child/batch_twin.py SWITCH
     Setting("ACCEL_DISABLE_BATCH_TWIN", "switch", "off",
             "No second graph for larger batches beside a kind's dynamic one made at a batch of 1."),
     # compile/precompiled.py ENV
@@ -140,7 +140,7 @@ SETTINGS = (
     Setting("ACCEL_BACKGROUND_IDLE_WAIT", "number", "20",
             "On a CPU of at most 4 cores, the longest a background compile waits for ComfyUI to be idle, in seconds "
             "outside sampling runs, added up.", doc="docs/compile_model.md"),
-    # compile/background/child.py NICE_ENV
+    # compile/child/serve.py NICE_ENV
     Setting("ACCEL_BACKGROUND_NICE", "number", "unset: the idle class",
             "A whole number: the background child takes that niceness (`os.nice`) instead of the idle scheduling "
             "class.", doc="docs/compile_model.md"),

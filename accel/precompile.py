@@ -8,7 +8,7 @@ are exactly the ones a workflow's first sampling will ask for:
   between sizes; this process is ours, so resetting it touches nobody else);
 - then the shape-generic graphs a process compiles once it has seen a second size;
 - last, each kind's graphs saved whole (precompiled functions, compile/precompiled.py), made as a background
-  child makes them (compile/background/child.compile_item) from the calls recorded above, their graphs from the
+  child makes them (compile/child/compile_kind.compile_item) from the calls recorded above, their graphs from the
   torch caches those calls filled. A server's first prompt at these sizes then loads each kind in milliseconds
   (on the CPU once inductor's per-process checks ran) and starts no child: no Dynamo tracing in it at all.
 """
@@ -206,7 +206,7 @@ def save_whole(captures) -> dict:
     warm), and saved whole. {kind: the number of graphs saved, or why none}."""
     import torch
 
-    from .compile.background.child import compile_item
+    from .compile.child.compile_kind import compile_item
     from .compile.background.skeleton import CaptureError
     from .compile.precompiled import unavailable
     from .compile.registry import GraphRegistry

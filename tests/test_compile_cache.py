@@ -489,7 +489,8 @@ def test_a_block_with_comfyui_033s_dtype_records_precompiles_and_loads(engine, c
     records = {(id(m), k): v for m in block.modules() for k, v in vars(m).items() if k.endswith("_comfy_model_dtype")}
     assert len(records) == 4
     x = torch.randn(2, 8)
-    payload = engine.precompiled.precompile(lambda b, x: b(x), {}, block, (x,), {}, set())
+    saving = importlib.import_module(f"{engine.__name__}.child.saving")  # the child's side (compile/child/)
+    payload = saving.precompile(lambda b, x: b(x), {}, block, (x,), {}, set())
     function = torch.compiler.load_compiled_function(io.BytesIO(payload))  # raised TypeError (_Missing dtype)
     assert function.guard_check(block, x), "the loaded function's guards refused the call it was made for"
     torch.testing.assert_close(function.fn(block, x), block(x))
@@ -537,7 +538,7 @@ def test_a_record_of_another_name_is_a_warning_not_a_silent_fallback(engine, com
         assert len(warnings()) == 1, warnings()
 
     monkeypatch.setenv("ACCEL_PRECOMPILED", "0")  # the same job item, compiled as the child does, in this process
-    child = engine_module("background.child")
+    child = engine_module("child.compile_kind")
     switched_off = child.compile_item(capture.job_item(), engine_module("registry").GraphRegistry())
     assert not switched_off["precompile_refused"] and switched_off["precompiled"].startswith("off"), switched_off
 

@@ -49,7 +49,7 @@ def test_video_frames_size_and_batch_compile_once_off_the_prompt_path(engine, ac
     run eagerly in their sampling while a child compiles, equal to eager; over the three changes each kind goes to a
     child at most once more (per call variant), and this process never runs Dynamo (the children's graphs load whole).
     Wan 2.2 and HunyuanVideo run at cfg 1, a batch of 1: their larger batch is served by the graph the frame change's
-    child made beside the dynamic one (background/batch_twin.py), so no kind sent then is sent again for the batch
+    child made beside the dynamic one (child/batch_twin.py), so no kind sent then is sent again for the batch
     (Wan's rope table stays at a batch of 1 in that graph, as the model keeps it). With DeepCache on top, nothing
     compiles after its first run. On the trained video Wan (bench/deepcache_quality.py --model wan, at cfg 5) and the
     generated Wan 2.2 and HunyuanVideo."""
@@ -150,7 +150,7 @@ def test_compile_model_options_on_dit_families(engine, comfy_nodes, name, option
 
 
 def test_the_batch_twin_repeats_a_batch_of_1_in_the_models_layout(accel_pack, monkeypatch):
-    """What the child compiles beside a dynamic graph made at a batch of 1 (background/batch_twin.py): the inputs
+    """What the child compiles beside a dynamic graph made at a batch of 1 (child/batch_twin.py): the inputs
     marked on their batch repeated to 2, each with the strides a real batch of 2 has (HunyuanVideo's image tokens
     are a transposed view: another layout would be a graph the model never calls), and so are the tensors inside
     tuples and dataclasses (Chroma's modulation vectors: slices of one table, a batch apart by the whole table),
@@ -162,7 +162,7 @@ def test_the_batch_twin_repeats_a_batch_of_1_in_the_models_layout(accel_pack, mo
     from comfy.ldm.flux.layers import ModulationOut
     from comfy.ldm.wan.model import WanAttentionBlock
 
-    twin_module = importlib.import_module(accel_pack.__name__ + ".accel.compile.background.batch_twin")
+    twin_module = importlib.import_module(accel_pack.__name__ + ".accel.compile.child.batch_twin")
     block = torch.nn.Linear(8, 8)
     tokens = torch.randn(1, 64, 8).transpose(1, 2)  # [1, 8, 64] laid out as HunyuanVideo's img
     table = torch.randn(1, 5)  # not marked on its batch

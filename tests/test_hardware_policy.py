@@ -89,7 +89,7 @@ def test_disable_compile_switch_runs_eagerly_and_correctly(accel_pack, comfy_dir
 CHILD_PRIORITY = """
 import json, logging, os, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-from accel.compile.background import child
+from accel.compile.child import serve as child
 nice = os.nice
 for case, value in json.loads(sys.argv[1]):
     sys.stdout.flush(); sys.stderr.flush()

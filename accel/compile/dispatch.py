@@ -142,8 +142,6 @@ class BlockDispatcher:
     def _compiled(self, make_call, args: tuple, kwargs: dict):
         entry = self.entry
         first_compile = entry.compiles == 0
-        if REGISTRY.recorded is not None:  # precompile: the call's layouts, for saving the kind whole after
-            self._record(make_call)
         out = entry.run_compiled(self.site.module, make_call, args, kwargs)
         if first_compile and entry.compiles and self.progress is not None:
             self.progress.update(1)
@@ -156,14 +154,6 @@ class BlockDispatcher:
         call_args, call_kwargs = make_call()
         return graphs_of(entry).run(block, call_args, call_kwargs, lambda a, k: entry.run_compiled(
             block, lambda: (a, k), args, kwargs, may_compile=False))
-
-    def _record(self, make_call) -> None:
-        entry = self.entry
-        capture = REGISTRY.recorded.get(entry.key)
-        if capture is None:
-            capture = REGISTRY.recorded[entry.key] = Capture.in_this_call(entry, self.site.module, self.site.attribute)
-        call_args, call_kwargs = make_call()
-        capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
 
     def _compiled_or_eager(self, make_call, args: tuple, kwargs: dict):
         """A compiled kind's call that must not compile in the prompt (choose=auto with a background compile):
@@ -245,3 +235,28 @@ class BlockDispatcher:
         call_args, call_kwargs = make_call()
         capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
         return True
+
+
+class RecordingDispatcher(BlockDispatcher):
+    """A BlockDispatcher that also records each compiled call's layouts, for `python -m accel precompile` only (in
+    its own process: REGISTRY.record_compiled_calls), which saves each kind whole from them after. The patcher
+    picks the class once per model call (`dispatcher_class`): a block call on the normal path never asks whether
+    precompile records."""
+
+    def _compiled(self, make_call, args: tuple, kwargs: dict):
+        self._record(make_call)  # the call's layouts, for saving the kind whole after
+        return super()._compiled(make_call, args, kwargs)
+
+    def _record(self, make_call) -> None:
+        entry = self.entry
+        capture = REGISTRY.recorded.get(entry.key)
+        if capture is None:
+            capture = REGISTRY.recorded[entry.key] = Capture.in_this_call(entry, self.site.module, self.site.attribute)
+        call_args, call_kwargs = make_call()
+        capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
+
+
+def dispatcher_class() -> type[BlockDispatcher]:
+    """The class of the dispatchers a model call's blocks get, read once per call before its blocks run:
+    RecordingDispatcher while precompile records (REGISTRY.recorded set), else BlockDispatcher."""
+    return BlockDispatcher if REGISTRY.recorded is None else RecordingDispatcher

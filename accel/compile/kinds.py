@@ -46,8 +46,8 @@ def device_signature(device: torch.device) -> tuple:
     return (device.type, None)
 
 
-def _entry_point(forward: Callable, name: str) -> Callable:
-    """A function that calls `forward(block, ...)`, with a code object of its own named `name`."""
+def entry_point(forward: Callable, name: str) -> Callable:
+    """A function that calls `forward(block, ...)`, with a code object of its own named `name` (child/ saves it)."""
     def block_entry(block, *args, **kwargs):
         return forward(block, *args, **kwargs)
 
@@ -157,7 +157,7 @@ class KindEntry:
         instruction probe (cpu_isa.py, seconds), which a kind compiled in the background leaves to the child,
         off the first prompt's path."""
         if self._compiled is None:
-            self._compiled = torch.compile(_entry_point(self.forward, self.name),
+            self._compiled = torch.compile(entry_point(self.forward, self.name),
                                            **compile_kwargs(self.options, self.device_type))
         return self._compiled
 

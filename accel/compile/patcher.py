@@ -27,7 +27,7 @@ from .auto_mode import abandon_call, finish_call, inputs_key, plan_call, start_c
 from .background import IDLE_GATE
 from .blocks import PATCHED, UNKNOWN_PATCH, cannot_compile_reason, scan_attention_holders
 from .cuda_graphs import finish_graphs, plan_graphs, warn_if_off
-from .dispatch import BlockDispatcher
+from .dispatch import dispatcher_class
 from .kinds import wait_for_device
 from .model_record import model_record
 from .options import CompileOptions
@@ -115,6 +115,7 @@ class CompiledApplyModel:
         plan.graphs = plan_graphs(record, plan.routes, plan.always_compiled, policy, x.device.type, partial)
         timed = plan.timed or (plan.graphs is not None and plan.graphs.side is not None)
         installed, own_forwards = [], 0
+        dispatcher = dispatcher_class()  # precompile's recording (dispatch.RecordingDispatcher), asked once a call
         start_call(record, plan)
         try:
             for site, entry in zip(record.sites, record.entries):
@@ -125,8 +126,7 @@ class CompiledApplyModel:
                     continue
                 reason = (object_patches.reason(site.path, patched) if patched else None) or (
                     cannot_compile_reason(site.module, x.device) if partial else None)
-                site.module.__dict__[site.attribute] = BlockDispatcher(site, entry, plan, allow_sdpa, reason,
-                                                                       progress)
+                site.module.__dict__[site.attribute] = dispatcher(site, entry, plan, allow_sdpa, reason, progress)
                 installed.append(site)
             if patched:
                 object_patches.warn_once(record.label, patched, sum(

@@ -31,7 +31,8 @@ class GraphRegistry:
         self._entries: dict[tuple, KindEntry] = {}
         self._labels: dict[str, str] = {}  # label -> the signature that has it, so two kinds never share one
         self._models: "weakref.WeakSet" = weakref.WeakSet()  # model_record.ModelRecord of live models
-        # precompile only (record_compiled_calls): kind key -> background.Capture of its compiled calls' layouts
+        # precompile only (record_compiled_calls): kind key -> background.Capture of its compiled calls' layouts;
+        # read once per model call (dispatch.dispatcher_class), never per block call
         self.recorded: dict | None = None
 
     def entry(self, kind: BlockKind, forward: Callable, options: CompileOptions, device: torch.device) -> KindEntry:
@@ -58,9 +59,10 @@ class GraphRegistry:
                 entry.shapes.forget()
 
     def record_compiled_calls(self) -> dict:
-        """From now on, every kind's compiled calls are recorded (used by precompile only, in its own process): a
-        dict, kind key -> background.Capture with the kind's first block and one call's input layouts per input
-        signature, in call order, as a child's job holds them. Precompile then saves each kind whole from it."""
+        """From the next model call on, every kind's compiled calls are recorded (used by precompile only, in its own
+        process; its blocks get dispatch.RecordingDispatcher): a dict, kind key -> background.Capture with the kind's
+        first block and one call's input layouts per input signature, in call order, as a child's job holds them.
+        Precompile then saves each kind whole from it."""
         self.recorded = {}
         return self.recorded
 

@@ -13,9 +13,10 @@
   moment (`IDLE_GATE`);
 - cpu_checks.py: inductor's per-process CPU checks in a thread, before kinds found in the cache load;
 - loader.py: kinds' precompiled functions loaded at an idle moment, not in a prompt;
-- activity.py: the pack's own work running now (a child, the CPU checks), so no timing is taken beside it;
-- child.py: `python -m accel compile-worker DIR`, imported only there (it needs the registry, which needs this);
-- batch_twin.py: the child's second graph for a kind met at a batch of 1, for batches of 2 and more.
+- activity.py: the pack's own work running now (a child, the CPU checks), so no timing is taken beside it.
+
+This package is the parent's side only, in ComfyUI's process. The child's side (`python -m accel compile-worker DIR`:
+its loop, what it compiles and saves, the batch twin) is compile/child/, which nothing here imports.
 """
 from .activity import ACTIVITY, DroppedSamples
 from .capture import Capture

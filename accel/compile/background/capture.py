@@ -49,7 +49,7 @@ class Capture:
             self.error = str(err)
 
     def job_item(self) -> dict:
-        """What the child reads of this capture (child.py); CaptureError when it cannot be sent."""
+        """What the child reads of this capture (child/compile_kind.py); CaptureError when it cannot be sent."""
         if self.error:
             raise CaptureError(self.error)
         entry = self.entry

@@ -2,7 +2,7 @@
 
 choose="auto": when a kind must be compiled and the persistent cache holds nothing for it, the sampler's call
 goes on eagerly and one block of that kind is captured with the layouts of its call's inputs. After the call, a
-child process (`python -m accel compile-worker DIR`, child.py) compiles the captured kinds into the persistent
+child process (`python -m accel compile-worker DIR`, compile/child/) compiles the captured kinds into the persistent
 compile cache, the same way a compiled call here would, and saves each graph whole as a precompiled function
 (precompiled.py). Meanwhile those blocks run eagerly. Once the child is done, this process loads the precompiled
 functions at its next idle moment (loader.py): about 0.1 s a kind, no Dynamo tracing

@@ -112,8 +112,9 @@ class KindBackground:
     def done(self, seconds: float, precompiled: int | str | None = None, refused: bool = False,
              in_pieces: str | None = None) -> None:
         """The child compiled it; `precompiled`: how many graphs it saved whole (precompiled.py), or why none;
-        `refused`: torch raised while saving or loading one (child.save_precompiled), which a user should see;
-        `in_pieces`: instead, the child met a graph break (why), compiled nothing, and the kind runs eagerly."""
+        `refused`: torch raised while saving or loading one (child/compile_kind.save_precompiled), which a user
+        should see; `in_pieces`: instead, the child met a graph break (why), compiled nothing, and the kind runs
+        eagerly."""
         new_shape = self.state is BackgroundState.NEW_SHAPE_PENDING
         self.state, self.seconds = BackgroundState.DONE, seconds
         how = ("" if precompiled is None else f", {precompiled} graphs precompiled" if isinstance(precompiled, int)

@@ -1,5 +1,6 @@
-"""A background child process waiting for jobs (`python -m accel compile-worker DIR`, child.py), and one job sent to
-it: how it is started, with which set-up, how long it waits for the next job, and how a job's end is read."""
+"""A background child process waiting for jobs (`python -m accel compile-worker DIR`, compile/child/serve.py), and
+one job sent to it: how it is started, with which set-up, how long it waits for the next job, and how a job's end
+is read."""
 from __future__ import annotations
 
 import contextlib
