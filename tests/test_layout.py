@@ -1,6 +1,6 @@
-"""The code's layout as issue #71 asks it (docs/contributing.md, the layout): no import circle among the modules of
-accel/, tools/ or bench/ (a circle is what makes a module's import order matter and its parts impossible to move
-alone), bench/ never imports the tests (a benchmark measures the pack, not the test helpers), and the engine never
+"""The code's layout as issue #71 asks it (docs/contributing.md, the layout): no class in accel/ over 200 lines, no
+import circle among the modules of accel/, tools/ or bench/ (a circle is what makes a module's import order
+matter and its parts impossible to move alone), bench/ never imports the tests (a benchmark measures the pack, not the test helpers), and the engine never
 imports the child process's side, accel/compile/child/ (cut by process: what runs only in a process of its own stays
 out of ComfyUI's). Read from the source with `ast`: no torch, no ComfyUI.
 
@@ -184,3 +184,17 @@ def test_the_engine_never_imports_the_child_side():
     assert not offenders, (f"the engine imports the child process's side: {offenders}; put what both sides need in "
                            f"the engine (the child imports it from there), never the other way")
 
+
+
+MAX_CLASS_LINES = 200  # issue #71: one job per class; a class past this has grown a second job
+
+
+def test_no_class_in_accel_is_over_200_lines():
+    long = []
+    for path in sorted((ROOT / "accel").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
+                            f"({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, (f"classes over {MAX_CLASS_LINES} lines: {long}; give the second job a class of its own "
+                      f"(as KindEntry's runners, dynamo_runner.py and precompiled_runner.py)")
