@@ -1,8 +1,9 @@
 """The code's layout as issue #71 asks it (docs/contributing.md, the layout): no class in accel/ over 200 lines, no
 import circle among the modules of accel/, tools/ or bench/ (a circle is what makes a module's import order
-matter and its parts impossible to move alone), bench/ never imports the tests (a benchmark measures the pack, not the test helpers), and the engine never
-imports the child process's side, accel/compile/child/ (cut by process: what runs only in a process of its own stays
-out of ComfyUI's). Read from the source with `ast`: no torch, no ComfyUI.
+matter and its parts impossible to move alone), bench/ never imports the tests (a benchmark measures the pack,
+not the test helpers), and the engine never imports the child process's side, accel/compile/child/ (cut by
+process: what runs only in a process of its own stays out of ComfyUI's).
+Read from the source with `ast`: no torch, no ComfyUI.
 
 Imports inside a function are left out of the circles: they run at call time, after every module is whole, which is
 how the code breaks a circle on purpose (and says why where it does). Not out of the child's side: an import there
