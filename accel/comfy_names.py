@@ -43,6 +43,7 @@ _PRECOMPILED = "accel/compile/precompiled.py"
 _SAVING = "accel/compile/child/saving.py"
 _UNET = "accel/deepcache/unet_paths.py"
 _DIT = "accel/deepcache/dit_paths.py"
+_FAMILIES = "accel/families.py"
 _RUNTIME = "accel/deepcache/runtime.py"
 _RUN_STATE = "accel/deepcache/run_state.py"
 _LEDGER = "accel/weight_swap/ledger.py"
@@ -85,7 +86,7 @@ NAMES: dict[str, PrivateName] = {n.name: n for n in (
        ("current_weight_patches_uuid", "model_loaded_weight_memory", "lowvram_patch_counter"), _RECORD,
        "requires_grad is settled once, not at each load (a later weight patch may recompile once)"),
     _n("openaimodel.ResBlock, VideoResBlock; attention.SpatialTransformer, SpatialVideoTransformer (class names)",
-       ("ResBlock", "SpatialTransformer", "VideoResBlock", "SpatialVideoTransformer"), (_BLOCKS, _UNET),
+       ("ResBlock", "SpatialTransformer", "VideoResBlock", "SpatialVideoTransformer"), (_FAMILIES, _UNET),
        "a UNet's blocks are not found: Compile Model warns that it found no blocks and the model runs eagerly"),
     _n("block forwards' transformer_options parameter", "transformer_options", _BLOCKS,
        "a block whose forward names it otherwise gets the call's own options (other nodes' patches kept)"),
@@ -138,9 +139,10 @@ NAMES: dict[str, PrivateName] = {n.name: n for n in (
     _n("wrapper call layouts (OUTER_SAMPLE sigmas at 3, DIFFUSION_MODEL options at 5, APPLY_MODEL control at 4)",
        ("args[3]", "args[5]", "args[4]"), _RUNTIME, "the call runs in full"),
     _n("DiT block lists (Flux, Chroma, HunyuanVideo, WanModel, QwenImageTransformer2DModel, MMDiT, LTXVModel)",
-       ("double_blocks", "single_blocks", "transformer_blocks", "joint_blocks", '"blocks"'), _DIT, DEEPCACHE_OFF),
+       ("double_blocks", "single_blocks", "transformer_blocks", "joint_blocks", '"blocks"'), _FAMILIES,
+       DEEPCACHE_OFF),
     _n('patches_replace["dit"] block protocol (img, txt, transformer_options, original_block)',
-       ('"dit"', '"img"', '"txt"', '"original_block"'), (_DIT, _RUNTIME),
+       ('"dit"', '"img"', '"txt"', '"original_block"'), (_DIT, _RUNTIME, _FAMILIES),
        "a loop that stops calling it never reuses: every step runs in full (the run's report says so)"),
     _n("WanModel VACE's vace_blocks", "vace_blocks", _RUNTIME,
        "a VACE model would be cached (its hints added twice on reused steps): the family test fails first"),

@@ -16,10 +16,8 @@ from typing import Callable
 import torch
 
 from .. import comfy_names
+from ..families import UNET_BLOCK_CLASSES
 
-# UNet blocks are nested in TimestepEmbedSequential containers, so they are found by class name; DiT blocks
-# are found as the children of an nn.ModuleList that all share one class.
-UNET_BLOCK_CLASSES = ("ResBlock", "SpatialTransformer", "VideoResBlock", "SpatialVideoTransformer")
 CONTAINER_CLASSES = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 
 # transformer_options entries that change what a block computes. When one is present the call runs eagerly:

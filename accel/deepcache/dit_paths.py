@@ -31,22 +31,13 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import comfy_names
+from ..families import DIT_BLOCK_LISTS, DIT_STREAMS
 from .adaptive import AdaptiveCall
 
 CALL_KEY = "accel_deepcache_call"  # the call's SpanCall, in the call's own transformer_options
 
-# The block lists of each DiT class, in the order its forward runs them, and the replace key its loop looks up.
-# Matched on the class and its bases (Flux Kontext is a Flux; Wan's variants are WanModels): a model whose loop
-# does not call these patches simply never reuses anything (every call runs in full, as the stats then say).
-BLOCK_LISTS = {
-    "Flux": (("double_blocks", "double_block"), ("single_blocks", "single_block")),
-    "Chroma": (("double_blocks", "double_block"), ("single_blocks", "single_block")),
-    "HunyuanVideo": (("double_blocks", "double_block"), ("single_blocks", "single_block")),
-    "WanModel": (("blocks", "double_block"),),
-    "QwenImageTransformer2DModel": (("transformer_blocks", "double_block"),),
-    "MMDiT": (("joint_blocks", "double_block"),),
-    "LTXVModel": (("transformer_blocks", "double_block"),),
-}
+# Each DiT class's block lists and the streams kept of them: families.py.
+BLOCK_LISTS = DIT_BLOCK_LISTS
 
 
 @dataclass(frozen=True)
@@ -196,11 +187,11 @@ class SpanBlockPatch:
             return original(args)
         first, last = self.block == span.first, self.block == span.last
         if first and call.adaptive is not None:
-            reuse = call.adaptive.decide(args.get("img"))  # at the first span's first block; later spans follow it
+            reuse = call.adaptive.decide(args.get(DIT_STREAMS[0]))  # at the first span's first block; later spans follow it
             if call.pending is not None:
                 pending, call.pending = call.pending, None
                 if any(reuse):
-                    call.residuals = pending(args.get("img"))
+                    call.residuals = pending(args.get(DIT_STREAMS[0]))
             if call.on_all_run is not None and not any(reuse):
                 on_all_run, call.on_all_run = call.on_all_run, None
                 on_all_run()
@@ -218,9 +209,9 @@ class SpanBlockPatch:
             return {k: None if r is None else args[k] for k, r in residual.items()}
         if call.capture and first:
             call.starts[span.index] = {k: v.clone() for k, v in args.items()
-                                       if isinstance(v, torch.Tensor) and k in ("img", "txt")}
-            if call.signal is None and "img" in call.starts[span.index]:
-                call.signal = call.starts[span.index]["img"]
+                                       if isinstance(v, torch.Tensor) and k in DIT_STREAMS}
+            if call.signal is None and DIT_STREAMS[0] in call.starts[span.index]:
+                call.signal = call.starts[span.index][DIT_STREAMS[0]]
         out = original(args)
         call.ran_spans.add(span.index)
         if call.capture and last and span.index in call.starts:

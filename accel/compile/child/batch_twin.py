@@ -12,10 +12,10 @@ met at a batch of 1, it also makes the graph for that call at a batch of 2: the 
 repeated to 2, where Dynamo makes the batch a symbol that serves every batch from 2 up. Tensors inside the call's
 tuples, lists and dataclasses are repeated too, and marked on their batch (Chroma's and Flux 2's modulation vectors,
 slices of one table, so their strides are kept as the model's larger batch has them). An input that stays at a batch
-of 1 at every batch (a table broadcast over the batch, such as Wan's rope table `freqs`) is named in UNBATCHED_INPUTS
-and left as it is. The twin is only ever called where its guards accept the inputs, so a wrong guess (an input
-whose size 1 is no batch and is not in the table) costs its compile and nothing else: such calls fall to the job
-they needed before.
+of 1 at every batch (a table broadcast over the batch, such as Wan's rope table `freqs`) is named in families.py
+(UNBATCHED_INPUTS) and left as it is. The twin is only ever called where its guards accept the inputs, so a
+wrong guess (an input whose size 1 is no batch and is not in the table) costs its compile and nothing else: such
+calls fall to the job they needed before.
 `ACCEL_DISABLE_BATCH_TWIN=1` (in ComfyUI's environment, which the children inherit) makes no twin: a user who never
 changes the batch saves its compile.
 """
@@ -28,6 +28,7 @@ import torch
 import torch._dynamo
 
 from ...env_settings import env_switch
+from ...families import UNBATCHED_INPUTS
 from ..shapes import call_values, tensor_shapes, with_values
 
 TWIN_BATCH = 2
@@ -40,12 +41,6 @@ def batch_of(args: tuple, kwargs: dict) -> int | None:
     return shapes[0][0] if shapes and shapes[0] else None
 
 
-# Per block class (or a base of it), the inputs by their name in its forward that stay at a batch of 1 at every batch:
-# tables the model builds once and broadcasts over the batch. Repeating them makes a twin that no call of the model
-# ever fits. Looked for with a forward pre-hook at a batch of 1 and 2 on every generated family (video.md, "Compile
-# Model as frames, sizes and batch change"): only Wan's rope table, which rope_encode makes at a batch of 1
-# (WanAttentionBlock and its variants: VACE, audio, animate, causal). The video test checks Wan's at cfg 1.
-UNBATCHED_INPUTS = {"WanAttentionBlock": frozenset({"freqs"})}
 
 
 def batch_twin(block, args: tuple, kwargs: dict, dims: set, job_batches: set) -> tuple[tuple, dict] | None:
