@@ -87,7 +87,7 @@ SETTINGS = (
     Setting("ACCEL_DISABLE_SDPA_IN_COMPILED_BLOCKS", "switch", "off",
             "Compiled blocks keep ComfyUI's sub-quadratic or split attention, which PyTorch's SDPA (the same maths, "
             "fewer graph breaks) replaces there otherwise."),
-    # cache/remote.py TORCH_CACHES_OFF_ENV
+    # cache/remote_torch_entries.py TORCH_CACHES_OFF_ENV
     Setting("ACCEL_DISABLE_REMOTE_TORCH_CACHE", "switch", "off",
             "With a remote cache ([docs/cache.md](docs/cache.md)), torch's own remote caches stay off: only the "
             "pack's artifacts travel."),
@@ -114,7 +114,7 @@ SETTINGS = (
     # cache/location.py ENV_VAR
     Setting("ACCEL_CACHE_DIR", "text", "`accel_cache/` in ComfyUI's directory",
             "Moves the compile cache (below)."),
-    # cache/store.py MAX_SIZE_ENV
+    # cache/eviction.py MAX_SIZE_ENV
     Setting("ACCEL_CACHE_MAX_GB", "number", "10",
             "The compile cache's size cap in GB (`inf`: no cap); least recently used environments and block kinds go "
             "first."),
@@ -122,7 +122,7 @@ SETTINGS = (
     Setting("ACCEL_EXTRA_MODEL_PATHS", "text", "unset",
             "More `extra_model_paths.yaml`-style files that `python -m accel precompile` loads, separated by `:` "
             "(`;` on Windows)."),
-    # cache/remote.py URL_ENV, KEY_ENV: a fleet's shared store
+    # cache/remote_connection.py URL_ENV, KEY_ENV: a fleet's shared store
     Setting("ACCEL_REMOTE_CACHE", "text", "unset",
             "A Redis URL (`redis://host:port/db`, `rediss://` for TLS) through which a fleet of workers shares the "
             "compile cache.", doc="docs/cache.md"),
