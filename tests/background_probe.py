@@ -45,7 +45,7 @@ def main() -> None:
     engine.kind_choice.FASTER_MARGIN = engine.auto_mode.WHOLE_CALL_MARGIN = 100.0
 
     def counters() -> dict:
-        return {"frames": dynamo_frames(), **engine.kinds.disk_cache_counters()}
+        return {"frames": dynamo_frames(), **engine.dynamo_runner.disk_cache_counters()}
 
     def delta(before: dict, after: dict) -> dict:
         return {k: after[k] - before[k] for k in after}

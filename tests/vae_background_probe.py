@@ -43,18 +43,18 @@ def decode_and_report(engine) -> dict:
     decodes = []
 
     def decode(label: str) -> None:
-        before = {"frames": dynamo_frames(), **engine.kinds.disk_cache_counters()}
+        before = {"frames": dynamo_frames(), **engine.dynamo_runner.disk_cache_counters()}
         out = compiled.decode(latent)
-        after = {"frames": dynamo_frames(), **engine.kinds.disk_cache_counters()}
+        after = {"frames": dynamo_frames(), **engine.dynamo_runner.disk_cache_counters()}
         decodes.append({"label": label, **{k: after[k] - before[k] for k in after},
                         "max_abs_diff": (out - eager).abs().max().item(), "eager_max_abs": eager.abs().max().item()})
 
     decode("first")
     at_return = engine.background.BACKGROUND.stats()
     idle_release_s = wait_for_idle_release(engine)  # as a server between prompts: nothing asks for the child
-    before = {"frames": dynamo_frames(), **engine.kinds.disk_cache_counters()}
+    before = {"frames": dynamo_frames(), **engine.dynamo_runner.disk_cache_counters()}
     waited = engine.background.BACKGROUND.wait(timeout=900)
-    after = {"frames": dynamo_frames(), **engine.kinds.disk_cache_counters()}
+    after = {"frames": dynamo_frames(), **engine.dynamo_runner.disk_cache_counters()}
     wait_counters = {k: after[k] - before[k] for k in after}  # on the CPU the child's graphs load in the wait
     for label in ("after the child", "warm", "warm again"):
         decode(label)

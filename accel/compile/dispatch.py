@@ -15,7 +15,8 @@ from .attention import compiled_block_options
 from .background import ACTIVITY, Capture
 from .blocks import PATCHED, BlockSite, attention_swapped, block_patch_reason, whole_model_safe_options
 from .cuda_graphs import graphs_of
-from .kinds import WOULD_COMPILE, KindEntry, wait_for_device
+from .dynamo_runner import WOULD_COMPILE
+from .kinds import KindEntry, wait_for_device
 from .registry import REGISTRY
 from .routes import CallPlan, Route
 from .shapes import input_signature, steady_unit_strides, tensor_shapes

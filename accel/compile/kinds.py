@@ -28,9 +28,7 @@ from ..cache.store import key_id
 from .background import KindBackground
 from .blocks import BlockKind
 from .cuda_graphs import kind_stats
-# The Dynamo path's helpers, also imported from here by the dispatcher, the VAE, the child and the probes.
-from .dynamo_runner import (WOULD_COMPILE, DynamoRunner, compile_kwargs, disk_cache_counters,  # noqa: F401
-                            dynamo_frames, entry_point)
+from .dynamo_runner import WOULD_COMPILE, DynamoRunner
 from .kind_choice import KindChoice
 from .options import CompileOptions
 from .precompiled import NO_GRAPH, PrecompiledGraphs

@@ -21,7 +21,8 @@ from .background import BACKGROUND, Capture, hold_until_idle
 from .blocks import BlockKind
 from .dispatch import (IN_BACKGROUND, LOADS_BETWEEN_PROMPTS, NEW_SHAPE_IN_BACKGROUND, new_shape_goes_to_child,
                        run_on_chosen_path)
-from .kinds import WOULD_COMPILE, KindEntry
+from .dynamo_runner import WOULD_COMPILE
+from .kinds import KindEntry
 from .shapes import input_signature, steady_unit_strides
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once

@@ -36,10 +36,6 @@ from .adaptive import AdaptiveCall
 
 CALL_KEY = "accel_deepcache_call"  # the call's SpanCall, in the call's own transformer_options
 
-# Each DiT class's block lists and the streams kept of them: families.py.
-BLOCK_LISTS = DIT_BLOCK_LISTS
-
-
 @dataclass(frozen=True)
 class Span:
     """Consecutive blocks of one list whose work a reused call replaces by their residual."""
@@ -54,8 +50,8 @@ class Span:
 
 def block_lists(diffusion_model) -> tuple[tuple[str, str], ...] | None:
     for cls in type(diffusion_model).__mro__:
-        if cls.__name__ in BLOCK_LISTS:
-            lists = BLOCK_LISTS[cls.__name__]
+        if cls.__name__ in DIT_BLOCK_LISTS:
+            lists = DIT_BLOCK_LISTS[cls.__name__]
             if all(isinstance(getattr(diffusion_model, name, None), torch.nn.ModuleList) for name, _ in lists):
                 return lists
     return None
@@ -68,7 +64,7 @@ BLOCK_LISTS_NAME = ("DiT block lists (Flux, Chroma, HunyuanVideo, WanModel, Qwen
 def missing_lists(diffusion_model) -> str | None:
     """A class DeepCache knows whose block lists this ComfyUI keeps under other names (warned once), or None."""
     for cls in type(diffusion_model).__mro__:
-        lists = BLOCK_LISTS.get(cls.__name__)
+        lists = DIT_BLOCK_LISTS.get(cls.__name__)
         gone = [name for name, _ in lists or ()
                 if not isinstance(getattr(diffusion_model, name, None), torch.nn.ModuleList)]
         if gone:

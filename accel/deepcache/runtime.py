@@ -27,6 +27,7 @@ import functools
 import torch
 
 from .. import comfy_names, dynamic_vram
+from ..families import DIT_BLOCK_LISTS
 from . import dit_paths, unet_paths
 from .config import DeepCacheConfig, schedule_text
 from .run_state import FEATURE, RUN_KEY, ModelCall, RunState, report_run, start_run
@@ -270,7 +271,7 @@ def apply(model_patcher, config: DeepCacheConfig):
     elif not unet_paths.is_unet(diffusion_model):
         renamed = dit_paths.missing_lists(diffusion_model)
         return None, None, renamed or (f"{type(diffusion_model).__name__} is neither a ComfyUI UNetModel nor a "
-                                       "transformer DeepCache knows (" + ", ".join(dit_paths.BLOCK_LISTS) + ")")
+                                       "transformer DeepCache knows (" + ", ".join(DIT_BLOCK_LISTS) + ")")
     else:
         renamed = unet_paths.missing_names(diffusion_model)
         if renamed:

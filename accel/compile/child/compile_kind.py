@@ -77,7 +77,7 @@ def save_precompiled(entry, block, calls: list[bytes], marks: list[set], batches
     torch is no refusal."""
     from ...cache import COMPILE_CACHE
     from .. import precompiled
-    from ..kinds import compile_kwargs, entry_point
+    from ..dynamo_runner import compile_kwargs, entry_point
     from ..shapes import input_signature
     from . import saving
 
