@@ -673,6 +673,35 @@ def test_a_block_that_cannot_be_sent_to_the_child_compiles_here(engine, comfy_no
     assert callable(site.module.accel_test_hook)
 
 
+def test_the_background_decision_only_looks_and_the_plan_carries_it_out(engine, comfy_nodes):
+    """background/decision.py: `decide_background` says what an undecided kind's first compile needs and changes
+    nothing (the kind stays undecided however often it is asked); `carry_out` does it when the call's plan is made.
+    A kind already compiled here is not needed in a child; a cold one is sent, its blocks wait in the call."""
+    model = load(comfy_nodes)
+    site = next(s for s in engine.blocks.find_repeated_blocks(model.model.diffusion_model)
+                if s.kind.label.startswith("ResBlock"))
+    options = engine.CompileOptions()
+    decision = engine.background.decision
+    states = engine.background.BackgroundState
+
+    def fresh(tag: str):
+        key = (site.kind.class_name, site.kind.signature, ("cpu", None), f"test-decision-{tag}",
+               options.cache_key("cpu"))
+        return engine.kinds.KindEntry(key, site.kind, site.forward, options, "cpu")  # outside the registry
+
+    cold = fresh("cold")
+    steps = [decision.decide_background(cold) for _ in range(3)]
+    assert steps[0] == steps[1] == steps[2] and steps[0].send, steps
+    assert cold.background.state is states.UNDECIDED, "deciding moved the kind"
+    assert decision.carry_out(cold, steps[0]) and cold.background.state is states.UNDECIDED  # captured by a block
+    warm = fresh("warm")
+    warm.compiles = 1  # compiled in this process already
+    step = decision.decide_background(warm)
+    assert not step.send and step.not_needed == "compiled in this process" and warm.background.undecided
+    assert not decision.carry_out(warm, step) and warm.background.state is states.NOT_NEEDED
+    assert decision.decide_background(warm) is None, "a decided kind is decided again"
+
+
 class UnimportableBlock(torch.nn.Module):
     """Defined in a test module, which the background child cannot import: its job fails there, quickly."""
 

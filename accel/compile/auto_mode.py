@@ -231,8 +231,7 @@ def finish_call(record, plan: CallPlan, seconds: float, call_key: tuple, inputs:
         for entry in measured.values():
             entry.choice.note_share(plan.kind_seconds[entry.key] / seconds)
         save_shares(plan.device_type, {e.choice.share_id: e.choice.share for e in measured.values()})
-    if plan.captures:
-        _launch_background(list(plan.captures.values()), plan.device_type)
+    send_captures(plan)
     if (plan.mode in (CallMode.CHECK_COMPILED, CallMode.CHECK_EAGER) and not competing and not plan.graphs_missing
             and _settled_state(entries) == plan.settled_before):  # some blocks eager for a missing graph: no sample
         auto.record((*call_key, plan.blocks), "compiled" if plan.mode is CallMode.CHECK_COMPILED else "eager",
@@ -245,14 +244,19 @@ def abandon_call(plan: CallPlan) -> None:
     Kept back, their kinds would wait for a compile nobody started, eager for the rest of the process."""
     if plan.captures:
         try:
-            _launch_background(list(plan.captures.values()), plan.device_type)
+            send_captures(plan)
         except Exception as err:  # the call's own error is the one to raise; this one is said
             log.warning("[Accel] Compile Model: the blocks captured in a call that failed were not sent to the "
                         "background compiler (%s: %s)", type(err).__name__, err)
 
 
-def _launch_background(captures: list, device_type: str) -> None:
-    # after a profile call, kinds too small to matter are eager for good: nothing to compile for them
+def send_captures(plan: CallPlan) -> None:
+    """The call's captures (dispatch.BlockDispatcher._capture) to the background compiler, when its call ended
+    (a model call's, a VAE coding call's). After a profile call, kinds too small to matter are eager for good:
+    nothing to compile for them."""
+    if not plan.captures:
+        return
+    captures, device_type = list(plan.captures.values()), plan.device_type
     wanted = [c for c in captures if c.new_shape or (not c.entry.choice.decided and c.entry.failure is None)]
     for capture in captures:
         if capture not in wanted:

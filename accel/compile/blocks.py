@@ -17,6 +17,7 @@ import torch
 
 from .. import comfy_names
 from ..families import UNET_BLOCK_CLASSES
+from .shapes import CompiledCall, compiled_call, steady_unit_strides
 
 CONTAINER_CLASSES = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 
@@ -109,6 +110,34 @@ class BlockSite:
             return bound.args, bound.kwargs
 
         return bound.arguments.get(name), with_options
+
+
+    def compiled_call(self, args: tuple, kwargs: dict, block_options: dict) -> CompiledCall | str:
+        """The one answer to whether this call of the block may run compiled, before it runs: its compiled call
+        (shapes.CompiledCall: fresh transformer_options with `block_options`, the call's attention choice, in
+        them; steady strides; the signature), or why it runs eagerly: another node swapped ComfyUI's attention
+        function, or its options carry another node's patch (PATCHED, or UNKNOWN_PATCH naming it). Offloaded
+        weights are answered once per call, when the dispatcher is installed (cannot_compile_reason)."""
+        if attention_swapped():
+            return PATCHED
+        options, with_options = self.options_of_call(args, kwargs)
+        if with_options is None:
+            return compiled_call(args, kwargs, lambda: steady_unit_strides(args, kwargs))
+        options = options or {}
+        if self.whole_model:
+            safe = whole_model_safe_options(options)
+            if safe is None:
+                return PATCHED
+        else:
+            reason = block_patch_reason(options)
+            if reason:
+                return reason
+            safe = {}
+
+        def fresh() -> tuple[tuple, dict]:  # fresh each call: blocks write into their transformer_options
+            return steady_unit_strides(*with_options({**safe, **block_options}))
+
+        return compiled_call(*with_options({**safe, **block_options}), again=fresh)
 
 
 def _transformer_options_arg(module: torch.nn.Module, attribute: str) -> str | None:

@@ -3,13 +3,12 @@ compiled call, which compiles inside the persistent cache's scope when its input
 to the web UI; with `may_compile` False, Dynamo's `fail_on_recompile` stance refuses new inputs before the block
 runs (WOULD_COMPILE). What the kind counts and decides stays on its `KindEntry` (kinds.py); the saved graphs a
 child made are precompiled_runner.py's. The module-level helpers are the ones the child (compile/child/) and
-the probes share: the entry function with a code object of its own, torch.compile's arguments, Dynamo's and
-torch's disk-cache counters."""
+the probes share: torch.compile's arguments, Dynamo's and torch's disk-cache counters (the entry function with a
+code object of its own is entry_function.py's)."""
 from __future__ import annotations
 
 import logging
 import time
-import types
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -20,24 +19,14 @@ from ..cache import COMPILE_CACHE
 from ..cache.recovery import compile_in_cache, innermost, must_propagate, root_cause
 from .background.skeleton import CaptureError, dump_skeleton
 from .cpu_isa import vec_isa_options
+from .entry_function import entry_point
 from .options import CompileOptions
-from .shapes import call_values, call_variant, input_signature
+from .shapes import CompiledCall, call_values, call_variant
 
 if TYPE_CHECKING:
     from .kinds import KindEntry
 
 log = logging.getLogger("comfyui_accel")
-
-
-def entry_point(forward: Callable, name: str) -> Callable:
-    """A function that calls `forward(block, ...)`, with a code object of its own named `name` (child/ saves it)."""
-    def block_entry(block, *args, **kwargs):
-        return forward(block, *args, **kwargs)
-
-    code = block_entry.__code__.replace(co_name=name)
-    if hasattr(code, "co_qualname"):
-        code = code.replace(co_qualname=name)
-    return types.FunctionType(code, block_entry.__globals__, name, None, block_entry.__closure__)
 
 
 # What `run_compiled(..., may_compile=False)` returns when the kind's graphs do not serve the call's inputs: Dynamo
@@ -100,8 +89,7 @@ class DynamoRunner:
         self.entry = entry
         self._compiled: Callable | None = None  # made at the first compiled call (see `function`)
 
-    def run(self, block, make_call: Callable[[], tuple[tuple, dict]], args: tuple, kwargs: dict,
-            may_compile: bool):
+    def run(self, block, call: CompiledCall, args: tuple, kwargs: dict, may_compile: bool):
         """The kind's call through Dynamo (KindEntry.run_compiled, its lock held, no precompiled function served
         it): compiled, or compiled now and counted, or WOULD_COMPILE (`may_compile` False and no graph serves
         the inputs); a failed compile or first run sets the kind's failure (its compiled path, never the prompt)
@@ -112,7 +100,7 @@ class DynamoRunner:
         start = time.perf_counter()
         entry.last_call_warm = False
         try:
-            out, seen = self.call(compiled, block, make_call, may_compile=may_compile)
+            out, seen = self.call(compiled, block, call, may_compile=may_compile)
             if out is WOULD_COMPILE:
                 return out
         except KeyboardInterrupt:
@@ -140,19 +128,19 @@ class DynamoRunner:
                                            **compile_kwargs(entry.options, entry.device_type))
         return self._compiled
 
-    def call(self, compiled: Callable, block, make_call: Callable[[], tuple[tuple, dict]],
-             may_compile: bool = True) -> tuple[Any, bool]:
-        """One compiled call, and whether its inputs were seen before. New inputs may compile, so that call runs
-        inside the persistent cache's scope (torch's caches in the pack's directory, the artifacts saved); inputs
-        already seen skip the scope's cost, tens of microseconds a call. Should another guard still recompile
-        there, the graph is correct and merely not persisted. A call that compiles tells the web UI that the prompt
-        waits, and when it stops waiting."""
+    def call(self, compiled: Callable, block, call: CompiledCall, may_compile: bool = True) -> tuple[Any, bool]:
+        """One compiled call, and whether its inputs were seen before. Inputs already seen run at once: their
+        graph exists, and the dynamic marks only steer a compile (`maybe_mark_dynamic` is a hint no guard
+        reads), so a warm call asks nothing more of the kind's shapes. New inputs are marked and may compile, so
+        that call runs inside the persistent cache's scope (torch's caches in the pack's directory, the artifacts
+        saved); inputs already seen skip the scope's cost, tens of microseconds a call. Should another guard
+        still recompile there, the graph is correct and merely not persisted. A call that compiles tells the web
+        UI that the prompt waits, and when it stops waiting."""
         entry = self.entry
-        call_args, call_kwargs = make_call()
-        entry.shapes.mark(call_args, call_kwargs)
-        signature = input_signature(call_args, call_kwargs)
+        call_args, call_kwargs, signature = call.args, call.kwargs, call.signature
         if signature in entry.shapes.seen_inputs:
             return compiled(block, *call_args, **call_kwargs), True
+        entry.shapes.mark(call_args, call_kwargs)
         if not may_compile:
             try:
                 with torch.compiler.set_stance("fail_on_recompile"):  # this call only: restored on the way out
@@ -171,7 +159,7 @@ class DynamoRunner:
         telemetry.record("compile_model", "compiling_now", kind=entry.kind.label)  # the web UI says the prompt waits
         start = time.perf_counter()
         try:
-            out = self._compile_and_call(compiled, block, make_call, call_args, call_kwargs)
+            out = self._compile_and_call(compiled, block, call)
         finally:
             entry.compiling_now = False  # done or failed: either way the prompt no longer waits for this kind
             telemetry.record("compile_model", "compiled_now", kind=entry.kind.label,
@@ -180,8 +168,7 @@ class DynamoRunner:
         entry.shapes.seen_inputs.add(signature)
         return out, False
 
-    def _compile_and_call(self, compiled: Callable, block, make_call: Callable[[], tuple[tuple, dict]],
-                          call_args: tuple, call_kwargs: dict):
+    def _compile_and_call(self, compiled: Callable, block, call: CompiledCall):
         """A call that may compile, inside the persistent cache's scope; what goes wrong in the cache costs the
         persistence at most (cache/recovery.py).
 
@@ -190,6 +177,7 @@ class DynamoRunner:
         inputs are copied first, and put back before the call is made again (outside the cache) and before the
         failure goes on to the eager fallback, which must see the inputs the block was given."""
         entry = self.entry
+        call_args, call_kwargs = call.args, call.kwargs
         given = [(v, v.clone()) for v in call_values(call_args, call_kwargs) if isinstance(v, torch.Tensor)]
 
         def put_back():
@@ -201,7 +189,7 @@ class DynamoRunner:
 
         def call_again():
             put_back()
-            again_args, again_kwargs = make_call()
+            again_args, again_kwargs = call.again()
             entry.shapes.mark(again_args, again_kwargs)
             return compiled(block, *again_args, **again_kwargs)
 

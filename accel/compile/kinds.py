@@ -33,7 +33,7 @@ from .kind_choice import KindChoice
 from .options import CompileOptions
 from .precompiled import NO_GRAPH, PrecompiledGraphs
 from .precompiled_runner import PrecompiledRunner
-from .shapes import KindShapes
+from .shapes import CompiledCall, KindShapes
 
 log = logging.getLogger("comfyui_accel")
 
@@ -123,27 +123,26 @@ class KindEntry:
         self.eager_calls[reason] += 1
         return self.forward(block, *args, **kwargs)
 
-    def run_compiled(self, block, make_call: Callable[[], tuple[tuple, dict]], args: tuple, kwargs: dict,
-                     may_compile: bool = True):
-        """Run `block` compiled. `make_call` builds fresh (args, kwargs) for the compiled call; `args`/`kwargs`
-        are the caller's own, for the eager path a failed compile falls back to. With `may_compile` False (only
-        where `can_refuse_compiles`), inputs no graph of the kind serves return WOULD_COMPILE, the block not run."""
+    def run_compiled(self, block, call: CompiledCall, args: tuple, kwargs: dict, may_compile: bool = True):
+        """Run `block` compiled. `call` (shapes.CompiledCall) is the compiled call's inputs, built where the call
+        was answered; `args`/`kwargs` are the caller's own, for the eager path a failed compile falls back to.
+        With `may_compile` False (only where `can_refuse_compiles`), inputs no graph of the kind serves return
+        WOULD_COMPILE, the block not run."""
         with self.call_lock:
-            return self._run_compiled(block, make_call, args, kwargs, may_compile)
+            return self._run_compiled(block, call, args, kwargs, may_compile)
 
-    def _run_compiled(self, block, make_call: Callable[[], tuple[tuple, dict]], args: tuple, kwargs: dict,
-                      may_compile: bool = True):
+    def _run_compiled(self, block, call: CompiledCall, args: tuple, kwargs: dict, may_compile: bool = True):
         if self.failure:
             return self.run_eager(block, args, kwargs, self.reason)
         self.last_call_warm = False
         graphs = self.precompiled
         if graphs.due or graphs.functions:  # else its runner would find none: the Dynamo path at once
-            out = self.precompiled_calls.call(block, make_call, may_load=may_compile)
+            out = self.precompiled_calls.call(block, call, may_load=may_compile)
             if out is not NO_GRAPH:
                 return out
         if not may_compile and self.compiles == 0:  # no Dynamo graph either: it would compile
             return WOULD_COMPILE
-        return self.dynamo.run(block, make_call, args, kwargs, may_compile)
+        return self.dynamo.run(block, call, args, kwargs, may_compile)
 
     def load_precompiled(self) -> bool:
         """Load the kind's due precompiled functions now (background/loader.py at an idle moment, or its next

@@ -23,6 +23,7 @@ from .. import comfy_names, dynamic_vram, telemetry
 from ..malloc.step_faults import STEP_FAULTS
 from ..malloc.tune import ensure_tuned
 from . import object_patches
+from .attention import compiled_block_options
 from .auto_mode import abandon_call, finish_call, inputs_key, plan_call, start_call
 from .background import IDLE_GATE
 from .blocks import PATCHED, UNKNOWN_PATCH, cannot_compile_reason, scan_attention_holders
@@ -105,7 +106,7 @@ class CompiledApplyModel:
         plan = plan_call(record, options.choose == "always compiled", background, x.device.type, inputs)
         if plan is None:
             return executor(*args, **kwargs)
-        allow_sdpa = policy.allows("sdpa_in_compiled_blocks")
+        plan.block_options = compiled_block_options(policy.allows("sdpa_in_compiled_blocks"))  # once a call
         progress = _progress_bar(plan.compiles_here)
         # A fully loaded model (ComfyUI's model_lowvram flag unset) has every weight on the compute device, so
         # the per-block offload check is only needed after a partial load.
@@ -126,7 +127,7 @@ class CompiledApplyModel:
                     continue
                 reason = (object_patches.reason(site.path, patched) if patched else None) or (
                     cannot_compile_reason(site.module, x.device) if partial else None)
-                site.module.__dict__[site.attribute] = dispatcher(site, entry, plan, allow_sdpa, reason, progress)
+                site.module.__dict__[site.attribute] = dispatcher(site, entry, plan, reason, progress)
                 installed.append(site)
             if patched:
                 object_patches.warn_once(record.label, patched, sum(

@@ -5,12 +5,13 @@ precompiled.py's `PrecompiledGraphs` (`KindEntry.precompiled`); what the kind co
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..cache import COMPILE_CACHE
 from .background.cpu_checks import CPU_CHECKS
 from .dynamo_runner import layouts_of
 from .precompiled import NO_GRAPH, context_of
+from .shapes import CompiledCall
 
 if TYPE_CHECKING:
     from .kinds import KindEntry
@@ -44,7 +45,7 @@ class PrecompiledRunner:
                          entry.kind.label, len(graphs.loaded_names) - loaded, graphs.load_seconds)
             return True
 
-    def call(self, block, make_call: Callable[[], tuple[tuple, dict]], may_load: bool):
+    def call(self, block, call: CompiledCall, may_load: bool):
         """The call served by a precompiled function of the kind; NO_GRAPH when none accepts the inputs. With
         `may_load` (a call that may compile anyway) it loads those still due first; without, they load between
         prompts (background/loader.py) and inputs only they would serve get NO_GRAPH meanwhile."""
@@ -53,11 +54,11 @@ class PrecompiledRunner:
         loads_now = may_load and graphs.due and self.load() and not graphs.due
         if not graphs.functions:
             return NO_GRAPH
-        return self._serve(block, make_call, warm=not loads_now)  # a call that loaded: no fair timing
+        return self._serve(block, call, warm=not loads_now)  # a call that loaded: no fair timing
 
-    def _serve(self, block, make_call, warm: bool):
+    def _serve(self, block, call: CompiledCall, warm: bool):
         entry = self.entry
-        call_args, call_kwargs = make_call()
+        call_args, call_kwargs = call.args, call.kwargs
         # what a child compiling a new shape of the kind replays first: taken before the block may change them
         layouts = layouts_of(call_args, call_kwargs) if entry.first_call is None else None
         out = entry.precompiled.call(context_of(block, entry.forward, call_args, call_kwargs), block, call_args,

@@ -1,12 +1,11 @@
 """How one model call runs (`CallPlan`) and, in it, the route of each block kind (`Route`): decided once, before
-the call, by auto_mode.plan_call through `fill_routes`; dispatch.py (blocks) and vae.py (a VAE's coding methods)
-only run the route they are given.
+the call, by auto_mode.plan_call through `fill_routes` (the VAE's calls by vae.py, the same way), and final for the
+call. A dispatcher (dispatch.py) binds its route's runner when it is installed and runs it without deciding again.
 
-A route depends on the kind's state and the plan, never on the call's inputs. What does depend on them is
-handled where the block runs, in one place each: a block whose weights are offloaded or whose call another node
-patched runs eagerly (dispatch.BlockDispatcher), the first block of a kind sent to a child is captured with its
-inputs' layouts, and on CHOSEN_OFF_PROMPT a call of inputs no graph of the kind serves runs eagerly while a
-child compiles that graph (dispatch.new_shape_goes_to_child).
+A route depends on the kind's state and the plan, never on the call's inputs. What does depend on them is answered
+per block call in one place (blocks.BlockSite.compiled_call: another node's patch; the dispatcher's install:
+offloaded weights) and, for a compiled kind, by its graphs (a new shape, a guard they refuse), which the route's
+runner then acts on: it runs the block eagerly, captures it for a child, or compiles it here.
 """
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 
 from .background.activity import Window
-from .background.decision import decide_background
+from .background.decision import carry_out, decide_background
 
 
 class CallMode(enum.Enum):
@@ -52,9 +51,10 @@ class CallPlan:
     compiles_in_background: bool = False  # the model's options let a child compile (choose=auto, background)
     window: Window | None = None  # the pack's own work seen from the call's start (a sample only if none)
     graphs_missing: bool = False  # some block ran eagerly for a graph not here yet (a child's, or loading)
-    routes: dict = field(default_factory=dict)  # kind key -> Route (fill_routes)
+    routes: dict = field(default_factory=dict)  # kind key -> Route (fill_routes): final for the call
     to_background: set = field(default_factory=set)  # kind keys a child compiles: their blocks wait, or are captured
     graphs: object = None  # cuda_graphs.GraphCall: the kinds that replay CUDA graphs in this call (opt-in)
+    block_options: dict = field(default_factory=dict)  # what compiled blocks get in fresh options (attention.py)
 
     @property
     def timed(self) -> bool:
@@ -68,20 +68,15 @@ class CallPlan:
                 self.routes[entry.key] = self._route_of(entry)
         return self
 
-    def reroute(self, entry) -> Route:
-        """The route of a kind sent to a child whose background state settled during the call (inductor's CPU
-        checks end in a thread of their own), as if planned now."""
-        self.to_background.discard(entry.key)
-        route = self.routes[entry.key] = self._route_of(entry)
-        return route
-
     def _route_of(self, entry) -> Route:
         if self.mode is CallMode.CHECK_EAGER:
             return Route.PLAIN
-        # The background decision first (background/decision.py): it may find the kind's graphs in the cache,
-        # due to load between prompts, or have it wait for inductor's CPU checks.
-        if self.background and (entry.background.waiting or decide_background(entry) or entry.background.waiting):
-            self.to_background.add(entry.key)
+        # The background decision first (background/decision.py), carried out now: it may find the kind's graphs
+        # in the cache, due to load between prompts, or have it wait for inductor's CPU checks.
+        if self.background:
+            step = decide_background(entry)
+            if entry.background.waiting or (step is not None and carry_out(entry, step)):
+                self.to_background.add(entry.key)
         if self.mode is CallMode.PROFILE:
             return Route.PROFILE  # its blocks are captured all the same, when the kind goes to a child
         if entry.key in self.to_background:

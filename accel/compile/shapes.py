@@ -9,6 +9,7 @@ their own. `KindShapes` keeps that record for one kind, and predicts whether a c
 from __future__ import annotations
 
 import functools
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -73,6 +74,23 @@ def _steady_of(shape: tuple, strides: tuple) -> tuple | None:
     steady = tuple(max((strides[e] * shape[e] for e in range(d + 1, len(shape)) if shape[e] != 1), default=1)
                    if shape[d] == 1 else strides[d] for d in range(len(shape)))
     return steady if steady != strides else None
+
+
+class CompiledCall(NamedTuple):
+    """One compiled call's inputs, built once where the call is answered (blocks.BlockSite.compiled_call, the
+    VAE's coding site): the arguments the graph gets, their `input_signature`, and `again()`, which builds them
+    afresh (steady strides, fresh options) for a call made once more after a failed compile."""
+    args: tuple
+    kwargs: dict
+    signature: tuple
+    again: Callable[[], tuple[tuple, dict]]
+
+
+def compiled_call(args: tuple, kwargs: dict, again: Callable[[], tuple[tuple, dict]]) -> CompiledCall:
+    """A compiled call of these inputs: their tensors with steady strides (`steady_unit_strides`) and the
+    signature of what the graph gets, in one step (a warm compiled block call asks nothing more of this module)."""
+    args, kwargs = steady_unit_strides(args, kwargs)
+    return CompiledCall(args, kwargs, input_signature(args, kwargs), again)
 
 
 def tensor_shapes(args: tuple, kwargs: dict) -> tuple:

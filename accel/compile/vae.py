@@ -8,26 +8,27 @@ input VAE is untouched.
 With choose=auto and a background compile (the defaults), the first decode (or encode) of a VAE kind with nothing
 in the persistent compile cache runs eagerly and is captured for the background child, like a block kind
 (dispatch.py): a workflow's first prompt no longer waits for the VAE's compile. Its next calls load the child's
-graphs and auto mode times compiled against eager as for blocks. Each call takes the route its kind is given
-(routes.py), as a block does; the VAE has no profile or whole-call check, one kind per method.
+graphs and auto mode times compiled against eager as for blocks. Each call is planned (routes.CallPlan) and run by
+the blocks' dispatcher (dispatch.BlockDispatcher), its captures sent when it ends; the VAE has no profile or
+whole-call check, one kind per method.
 """
 from __future__ import annotations
 
 import copy
 
+from dataclasses import dataclass
+
 from .. import comfy_names, dynamic_vram, telemetry
-from ..cache import COMPILE_CACHE
-from .background import BACKGROUND, Capture, hold_until_idle
+from .auto_mode import abandon_call, send_captures
+from .background import BACKGROUND
 from .blocks import BlockKind
-from .dispatch import (IN_BACKGROUND, LOADS_BETWEEN_PROMPTS, NEW_SHAPE_IN_BACKGROUND, new_shape_goes_to_child,
-                       run_on_chosen_path)
-from .dynamo_runner import WOULD_COMPILE
+from .dispatch import BlockDispatcher
 from .kinds import KindEntry
-from .shapes import input_signature, steady_unit_strides
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
 from .registry import REGISTRY
-from .routes import CallMode, CallPlan, Route
+from .routes import CallMode, CallPlan
+from .shapes import CompiledCall, compiled_call, steady_unit_strides
 from .status import VAE, note_owner
 
 VAE_METHODS = ("decode", "encode")
@@ -64,62 +65,37 @@ class CompiledMethod:
                 telemetry.record("compile_vae", "moved", method=self.method)
 
     def _run(self, entry: KindEntry, options: CompileOptions, policy, device, args: tuple, kwargs: dict):
-        # the compiled call's inputs built as a block's are (dispatch.BlockDispatcher._make_call): size-1 dimensions
-        # get steady strides (shapes.steady_unit_strides), so the two routes' compiled calls, captures and signatures
-        # are alike. ComfyUI's decodes (a batch slice of the latent) and image encodes (a slice of the pixels, their
-        # channels moved first) have the steady batch stride already; a video VAE's encode, its frames moved and
-        # unsqueezed into a batch of 1 (batch stride 3), gets the steady view: the same elements.
-        def make_call():
-            return steady_unit_strides(args, kwargs)
-
-        def run_compiled():
-            return entry.run_compiled(self.module, make_call, args, kwargs)
-
+        """The call planned as a block call is (one kind, no profile or whole-call check) and run by the same
+        dispatcher; what it captured for a child is sent when it ends, as a model call's captures are."""
         always = options.choose == "always compiled"
         background = not always and options.compiles_in_background and policy.allows("background_compile")
         if background:
             BACKGROUND.poll()  # a finished child hands the kind back here
         plan = CallPlan(CallMode.DISPATCH, always, background, device.type, new_shapes_in_background=background,
                         compiles_in_background=background).fill_routes([entry])
-        route = plan.routes[entry.key]
-        if route is Route.BACKGROUND:
-            if self._compiling_in_background(entry, make_call, device):
-                return entry.run_eager(self.module, args, kwargs, IN_BACKGROUND)
-            route = plan.reroute(entry)  # it could not be sent: compiled here
-        if route is Route.LOADING:
-            return entry.run_eager(self.module, args, kwargs, LOADS_BETWEEN_PROMPTS)
-        if route is Route.COMPILED:
-            return run_compiled()
-        if route is Route.CHOSEN_OFF_PROMPT and entry.can_refuse_compiles:
-            return run_on_chosen_path(entry, self.module, args, kwargs, device.type,
-                                      lambda: self._compiled_or_eager(entry, make_call, args, kwargs, device))
-        return run_on_chosen_path(entry, self.module, args, kwargs, device.type, run_compiled)
+        try:
+            out = BlockDispatcher(CodingSite(self.module, self.method), entry, plan)(*args, **kwargs)
+        except BaseException:
+            abandon_call(plan)
+            raise
+        send_captures(plan)
+        return out
 
-    def _compiled_or_eager(self, entry: KindEntry, make_call, args: tuple, kwargs: dict, device):
-        """A decode (or encode) of a new size does not compile in the prompt: as a block's call (dispatch.py)."""
-        out = entry.run_compiled(self.module, make_call, args, kwargs, may_compile=False)
-        if out is not WOULD_COMPILE:
-            return out
-        captures = {}
-        if not new_shape_goes_to_child(entry, self.module, self.method, make_call, captures):
-            return entry.run_compiled(self.module, make_call, args, kwargs)
-        if captures:
-            BACKGROUND.launch(list(captures.values()), COMPILE_CACHE.environment(device.type).dir,
-                              hold=hold_until_idle(device.type))
-        return entry.run_eager(self.module, args, kwargs, NEW_SHAPE_IN_BACKGROUND)
 
-    def _compiling_in_background(self, entry: KindEntry, make_call, device) -> bool:
-        """True while this VAE kind compiles in a child, and for the call that sends it there (its first, when
-        the kind is cold). On a CPU with few cores the child starts once this process is idle (the decode and
-        the rest of the prompt done: background/idle_gate.py), as the sampler's do."""
-        if not entry.background.undecided:  # a child has it (or it waits for inductor's CPU checks)
-            return entry.background.waiting
-        capture = Capture.in_this_call(entry, self.module, self.method)
-        entry.background.capture()
-        call_args, call_kwargs = make_call()
-        capture.add_call(input_signature(call_args, call_kwargs), call_args, call_kwargs)
-        return BACKGROUND.launch([capture], COMPILE_CACHE.environment(device.type).dir,
-                                 hold=hold_until_idle(device.type))
+@dataclass(frozen=True)
+class CodingSite:
+    """A VAE coding method as the dispatcher sees a block (blocks.BlockSite): its module and method, and the
+    per-call answer, which for a VAE is always its compiled call (ComfyUI's VAE takes no transformer_options and no
+    node patches it). Size-1 dimensions get steady strides (shapes.steady_unit_strides), as a block's inputs do, so
+    the routes' compiled calls, captures and signatures are alike. ComfyUI's decodes (a batch slice of the latent)
+    and image encodes (a slice of the pixels, their channels moved first) have the steady batch stride already; a
+    video VAE's encode, its frames moved and unsqueezed into a batch of 1 (batch stride 3), gets the steady view:
+    the same elements."""
+    module: object
+    attribute: str
+
+    def compiled_call(self, args: tuple, kwargs: dict, block_options: dict) -> CompiledCall:
+        return compiled_call(args, kwargs, lambda: steady_unit_strides(args, kwargs))
 
 
 def _where(entry: KindEntry) -> tuple:

@@ -24,6 +24,7 @@ def compile_item(item: dict, registry) -> dict:
     Also `python -m accel precompile`'s last step, in its own process (accel/precompile.py)."""
     from ..blocks import BlockKind
     from ..options import CompileOptions
+    from ..shapes import CompiledCall, input_signature
 
     block = load_skeleton(item["block"])
     entry = registry.entry(BlockKind(*item["kind"]), getattr(type(block), item["attribute"]),
@@ -41,7 +42,8 @@ def compile_item(item: dict, registry) -> dict:
         for call in item["calls"]:
             args, kwargs = load_skeleton(call)
             batches.add(batch_of(args, kwargs))
-            entry.run_compiled(block, lambda: (args, kwargs), args, kwargs)  # noqa: B023
+            entry.run_compiled(block, CompiledCall(args, kwargs, input_signature(args, kwargs),
+                                                   lambda: (args, kwargs)), args, kwargs)  # noqa: B023
             marks.append(set(entry.shapes.dynamic_dims))
             if entry.failure:
                 break
@@ -77,7 +79,8 @@ def save_precompiled(entry, block, calls: list[bytes], marks: list[set], batches
     torch is no refusal."""
     from ...cache import COMPILE_CACHE
     from .. import precompiled
-    from ..dynamo_runner import compile_kwargs, entry_point
+    from ..dynamo_runner import compile_kwargs
+    from ..entry_function import entry_point
     from ..shapes import input_signature
     from . import saving
 

@@ -1,0 +1,24 @@
+"""The walk of a warm compiled call (issue #71's target, accel/compile/README.md): `python -m tools.call_walk`,
+the command the README gives, run as a user runs it, on the generated SD1.5 UNet with ComfyUI's own loader and
+sampler. Every block call takes one walk of at most 6 engine files, none entered twice: the route is bound once per
+call (dispatch.RUNNERS), the per-call answer comes from one function (blocks.BlockSite.compiled_call), and a warm
+call asks the kind's shapes nothing more."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tools.comfy_env import ROOT
+
+
+def test_a_warm_compiled_block_call_crosses_at_most_six_files_none_twice():
+    done = subprocess.run([sys.executable, "-m", "tools.call_walk", "--json"], capture_output=True, text=True,
+                          cwd=ROOT, env=os.environ.copy(), timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    walk = json.loads(done.stdout)
+    assert walk["block_calls"] >= 12 and walk["block_walks"] == 1, walk  # every block call the same walk
+    assert walk["block_files"] <= 6 and walk["block_files_entered_twice"] == [], walk
+    # the runner and the answer are where the README says
+    assert {"compile/dispatch.py", "compile/blocks.py", "compile/kinds.py"} <= set(walk["block_entries"]), walk
