@@ -98,6 +98,12 @@ SETTINGS = (
     Setting("ACCEL_PRECOMPILED", "switch", "on",
             "Compiled blocks load as saved whole functions where torch can; off (`0`), through torch's own caches "
             "instead."),
+    # compile/background/decision.py SAVE_ENV
+    Setting("ACCEL_SAVE_COMPILES", "switch", "on",
+            "Graphs compiled in ComfyUI's process (`choose=always compiled`, `background=false`, or a kind it "
+            "compiles itself) are saved whole afterwards by a background child, as the background compile saves "
+            "its own, so a restart or a fleet worker loads them instead of tracing them; off (`0`), they are left "
+            "to torch's own caches.", doc="docs/compile_model.md"),
     # compile/options.py CUDA_GRAPHS_SWITCH
     Setting("ACCEL_CUDA_GRAPHS", "switch", "off",
             "Experimental, CUDA only: Compile Model replays each compiled block's call from a CUDA graph (fewer "

@@ -25,9 +25,9 @@ MODELS = {"sd3": dict(model="sd3", cfg=4.5, steps=3),  # the generated SD3 trans
           "sd15": dict(model="sd15", size=128, steps=6)}  # the small SD1.5 UNet: several kinds, a longer compile
 
 
-def first_prompt(base: Path, env: dict, model: str) -> dict:
-    """Start a worker, time its first compiled prompt, read what it compiled, stop it."""
-    from tools.soak_prompts import Prompt, graph_of, server_of
+def first_prompt(base: Path, env: dict, model: str) -> tuple[object, dict]:
+    """Start a worker, time its first compiled prompt, read what it compiled and its latent, stop it."""
+    from tools.soak_prompts import Prompt, graph_of, saved_latent, server_of
 
     prompt = Prompt(model, compiled=True, choose="always compiled", background=False, **MODELS[model])
     started = time.perf_counter()
@@ -36,16 +36,25 @@ def first_prompt(base: Path, env: dict, model: str) -> dict:
         queued = time.perf_counter()
         server.wait_for(server.queue_prompt(graph_of(prompt, "first")), timeout=900)
         latency = time.perf_counter() - queued
+        latent = saved_latent(server, "first")
         stats = server.get_json("/accel/stats")["compile"]
+        # a worker stays up after its prompt: what it compiled there is saved whole by a child meanwhile
+        # (ACCEL_SAVE_COMPILES), published to the store for the next worker
+        saves = server.wait_for_background()["finished"]
+        env_after = next(e for e in server.get_json("/accel/stats")["compile"]["compile_cache"]["environments"]
+                         if e["fingerprint"]["device"] == "cpu")
         env_stats = next(e for e in stats["compile_cache"]["environments"] if e["fingerprint"]["device"] == "cpu")
-        return {"server_start_s": round(ready - started, 2), "first_prompt_s": round(latency, 2),
-                "compile_seconds": stats["totals"]["compile_seconds"],
-                "cold_compiles": stats["totals"]["disk_cache"].get("fx_graph_misses", 0),
-                "fx_graph_hits": stats["totals"]["disk_cache"].get("fx_graph_hits", 0),
-                "artifacts_from_remote": env_stats["artifacts_from_remote"],
-                "published": (env_stats["remote"] or {}).get("remote_published", 0),
-                "torch_remote_hits": (env_stats["remote"] or {}).get("torch_hits", 0),
-                "torch_published": (env_stats["remote"] or {}).get("torch_published", 0)}
+        row = {"server_start_s": round(ready - started, 2), "first_prompt_s": round(latency, 2),
+               "compile_seconds": stats["totals"]["compile_seconds"],
+               "cold_compiles": stats["totals"]["disk_cache"].get("fx_graph_misses", 0),
+               "fx_graph_hits": stats["totals"]["disk_cache"].get("fx_graph_hits", 0),
+               "artifacts_from_remote": env_stats["artifacts_from_remote"],
+               "published": (env_stats["remote"] or {}).get("remote_published", 0),
+               "torch_remote_hits": (env_stats["remote"] or {}).get("torch_hits", 0),
+               "torch_published": (env_stats["remote"] or {}).get("torch_published", 0),
+               "saves": len(saves), "precompiled_from_remote": env_stats.get("precompiled_from_remote", 0),
+               "published_after_save": (env_after["remote"] or {}).get("remote_published", 0)}
+        return latent, row
 
 
 def fleet(count: int, store: bool, base: Path, model: str) -> list[dict]:
@@ -54,10 +63,12 @@ def fleet(count: int, store: bool, base: Path, model: str) -> list[dict]:
     redis = RedisServer(base / "redis").start() if store else None
     try:
         env = {"ACCEL_REMOTE_CACHE": redis.url, "ACCEL_REMOTE_CACHE_KEY": SECRET} if redis else {}
-        rows = []
+        rows, first_latent = [], None
         for worker in range(count):
-            row = first_prompt(base / f"worker-{worker}", env, model)
-            rows.append({"model": model, "workers": count, "store": store, "worker": worker + 1, **row})
+            latent, row = first_prompt(base / f"worker-{worker}", env, model)
+            first_latent = latent if first_latent is None else first_latent
+            rows.append({"model": model, "workers": count, "store": store, "worker": worker + 1, **row,
+                         "equals_first_worker": bool((latent == first_latent).all())})
             print(json.dumps(rows[-1]), flush=True)
         return rows
     finally:
@@ -94,18 +105,21 @@ def main() -> None:
         "",
         "Each worker is a started ComfyUI server with an empty local compile cache. Its first prompt: "
         f"{MODEL_TEXT[args.model]}, through Compile Model with `choose` \"always compiled\" and the background "
-        "compile off, so whatever the worker compiles is in that prompt's path. The workers of one group run one "
-        "after another; with the store, a fresh Redis per group.",
+        "compile off, so whatever the worker compiles is in that prompt's path. After its prompt a worker stays up "
+        "until its background work is done (what it compiled is saved whole by a child: ACCEL_SAVE_COMPILES), then "
+        "stops. The workers of one group run one after another; with the store, a fresh Redis per group.",
         "",
         "| workers | store | worker | first prompt (s) | compile s (pack) | cold compiles (FX misses) | "
-        "FX hits | artifacts from store | torch entries from store / published | server start (s) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "FX hits | artifacts from store | precompiled from store | saves after the prompt | "
+        "torch entries from store / published | server start (s) | latent = worker 1's |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(f"| {r['workers']} | {'Redis' if r['store'] else 'none'} | {r['worker']} | "
                      f"{r['first_prompt_s']:.1f} | {r['compile_seconds']:.1f} | {r['cold_compiles']} | "
-                     f"{r['fx_graph_hits']} | {r['artifacts_from_remote']} | "
-                     f"{r['torch_remote_hits']} / {r['torch_published']} | {r['server_start_s']:.1f} |")
+                     f"{r['fx_graph_hits']} | {r['artifacts_from_remote']} | {r['precompiled_from_remote']} | "
+                     f"{r['saves']} | {r['torch_remote_hits']} / {r['torch_published']} | {r['server_start_s']:.1f} | "
+                     f"{'bit-equal' if r['equals_first_worker'] else 'differs'} |")
     lines += ["", "Per group, the sum over its workers:", "",
               "| workers | store | first prompts, summed (s) | compile s, summed | cold compiles, summed | "
               "median first prompt after the first worker (s) |", "| --- | --- | --- | --- | --- | --- |"]

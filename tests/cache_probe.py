@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--family", help="a generated model family (tools/families.py) instead of the SD1.5 UNet")
     parser.add_argument("--save-eager", help="torch.save the latent sampled without Compile Model here")
     parser.add_argument("--meet", help="a folder where two probes wait for each other before they compile")
+    parser.add_argument("--wait-background", action="store_true",
+                        help="after sampling, wait for the background child (the save of what compiled here)")
     args = parser.parse_args()
 
     import_comfyui(cpu=True)
@@ -72,9 +74,19 @@ def main() -> None:
     changed = diff(before, torch_state())
     if args.save_output:
         torch.save(out, args.save_output)
+    background = None
+    if args.wait_background:  # what a server does between prompts: the held job starts once idle, then ends
+        from compile_helpers import wait_for_idle_release
+
+        wait_for_idle_release(engine, timeout=120)
+        engine.background.BACKGROUND.wait(timeout=600)
+        background = engine.background.BACKGROUND.stats()
     stats = engine.REGISTRY.stats()
     print_result({"frames": dynamo_frames(), **stats["totals"], "compile_cache": stats["compile_cache"],
-                  "paths": {k["kind"]: k["path"] for k in stats["kinds"]}, "torch_state_changes": changed})
+                  "paths": {k["kind"]: k["path"] for k in stats["kinds"]}, "torch_state_changes": changed,
+                  "background": background,
+                  "kinds": [{"kind": k["kind"], "background": k["background"], "precompiled": k["precompiled"]}
+                            for k in stats["kinds"]]})
 
 
 def meet(folder: Path, count: int, timeout: float = 300) -> None:

@@ -13,6 +13,12 @@ from pathlib import Path
 
 import pytest
 
+# Graphs compiled in a test's own process (choose="always compiled", most of the suite's compiles) would each be
+# saved whole by a background child afterwards, as a user's ComfyUI saves them (ACCEL_SAVE_COMPILES, on by default):
+# dozens of children re-tracing beside the next tests on 2 cores. The suite leaves the save to the tests of it
+# (test_compile_cache.py's, which turn it on for their processes); its processes and servers inherit this.
+os.environ.setdefault("ACCEL_SAVE_COMPILES", "0")
+
 # Two test processes share this machine's cores (pyproject's `-n 2`): most of the suite is single-threaded
 # (Dynamo, inductor's code generation, the C compiler, imports), so two of them fill the cores, and torch's own
 # threads stay one per process so the two never oversubscribe the cores. Every process a test starts (servers,

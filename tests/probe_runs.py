@@ -14,14 +14,20 @@ FAMILY = "ltxv"
 
 
 def start_probe(cache: Path, out: Path, eager: Path | None = None,
-                meet: Path | None = None) -> subprocess.Popen:
+                meet: Path | None = None, saves: bool = False, family: str | None = FAMILY) -> subprocess.Popen:
     """A probe process sampling into `out` (and eagerly into `eager` first, if given), running on its own; with
-    `meet`, it compiles only once another probe given the same folder is ready to."""
+    `meet`, it compiles only once another probe given the same folder is ready to; with `saves`, what it compiles
+    is saved whole by a child after the call, as a user's ComfyUI does (ACCEL_SAVE_COMPILES, off in the suite
+    elsewhere: conftest.py), and it waits for that child before it reports. `family` None: the small SD1.5 UNet
+    (three kinds, one of them a SpatialTransformer, whose forward writes into its transformer_options)."""
     env = {**os.environ, "ACCEL_CACHE_DIR": str(cache)}
+    if saves:
+        env["ACCEL_SAVE_COMPILES"] = "1"
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the pack chooses torch's cache folder inside its own
-    args = [sys.executable, str(PROBE), "--family", FAMILY, "--save-output", str(out)]
+    args = [sys.executable, str(PROBE), *(["--family", family] if family else []), "--save-output", str(out)]
     args += ["--save-eager", str(eager)] if eager else []
     args += ["--meet", str(meet)] if meet else []
+    args += ["--wait-background"] if saves else []
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -33,5 +39,6 @@ def result_of(probe: subprocess.Popen) -> tuple[dict, str]:
     return result, stderr
 
 
-def run_probe(cache: Path, out: Path, eager: Path | None = None) -> tuple[dict, str]:
-    return result_of(start_probe(cache, out, eager))
+def run_probe(cache: Path, out: Path, eager: Path | None = None, saves: bool = False,
+              family: str | None = FAMILY) -> tuple[dict, str]:
+    return result_of(start_probe(cache, out, eager, saves=saves, family=family))

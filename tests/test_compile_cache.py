@@ -546,3 +546,30 @@ def test_a_record_of_another_name_is_a_warning_not_a_silent_fallback(engine, com
 @pytest.fixture(scope="module")
 def engine_and_nodes(accel_pack, comfy_nodes):
     return accel_pack.accel.compile, comfy_nodes
+
+
+def test_a_compile_in_the_prompts_process_is_saved_whole_and_a_restart_traces_nothing(tmp_path):
+    """Issue #71's one compile path: with choose="always compiled" no child compiles anything (no background
+    decision: the kinds compile in the prompt's process), and with ACCEL_SAVE_COMPILES on, as users have it, a
+    child then saves their graphs whole after the call, as it saves what it compiles itself. A restart on that
+    cache (a new process, the same settings) loads them at their first compiled call: no Dynamo frame, no child,
+    the output equal to the first process's, bit for bit. The small SD1.5 UNet: its SpatialTransformer writes into
+    its transformer_options as it runs, and a save that took the call's layouts after it served no later call
+    (its graph guarded on the keys the block had added; found 2026-12-04 by bench/fleet_cache.py)."""
+    cache = tmp_path / "cache"
+    first, _ = run_probe(cache, tmp_path / "first.pt", saves=True, family=None)
+    assert first["frames"] >= 3 and first["compiles"] >= 3, first  # compiled in the prompt's process
+    jobs = first["background"]["finished"]
+    assert len(jobs) == 1 and jobs[0]["returncode"] == 0 and not jobs[0]["failed"], first["background"]
+    assert len(first["kinds"]) == 3, first["kinds"]
+    for kind in first["kinds"]:
+        assert kind["background"]["state"] == "done", kind
+        assert kind["background"]["reason"].startswith("compiled in this process; a child process saved it"), kind
+        assert "graphs precompiled" in kind["background"]["reason"], kind
+
+    restart, _ = run_probe(cache, tmp_path / "restart.pt", saves=True, family=None)
+    assert restart["frames"] == 0 and restart["compiles"] == 0, f"the restart traced: {restart}"
+    assert restart["background"]["finished"] == [], "the restart started a child"
+    for kind in restart["kinds"]:
+        assert kind["precompiled"]["functions"] >= 1 and kind["precompiled"]["calls"] >= 1, kind
+    assert torch.equal(torch.load(tmp_path / "restart.pt"), torch.load(tmp_path / "first.pt"))

@@ -1,11 +1,14 @@
 """The walk of one warm compiled model call through the pack's engine, counted (issue #71: "a warm compiled block
 call crosses at most 6 files, none entered twice, counted by a command in the docs"; accel/compile/README.md).
 
-    .venv/bin/python -m tools.call_walk [--model accel-sd15-small.safetensors] [--json]
+    .venv/bin/python -m tools.call_walk [--path dynamo|precompiled] [--model accel-sd15-small.safetensors] [--json]
 
 Loads the generated SD1.5 UNet with ComfyUI's own loader, applies Compile Model with `choose=always compiled` (so
 every block call is compiled from the first), samples twice to warm it, then runs one more sampling step under
-`sys.setprofile` and reads, from the pack's own frames only (files under accel/):
+`sys.setprofile` and reads, from the pack's own frames only (files under accel/). It runs on a compile cache of
+its own, empty at the start, so the path is the one asked for: `dynamo` (the default), the kinds' graphs compiled
+in this process and called through Dynamo; `precompiled`, the same graphs saved whole by the background child
+(ACCEL_SAVE_COMPILES) and loaded, as a restart or a fleet worker serves them, called without Dynamo:
 - per model call: the files the call enters outside its block calls, and how often each is entered (a call from
   another file into it is one entry);
 - per block call (from the dispatcher's `__call__` to its return): the files it crosses and their entries, the
@@ -19,6 +22,7 @@ import collections
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +78,13 @@ def split_walk(events: list) -> tuple[collections.Counter, list[collections.Coun
     return outside, blocks
 
 
-def measure(model_name: str) -> dict:
+def measure(model_name: str, path: str = "dynamo") -> dict:
+    import os
+    import tempfile
+
+    # a compile cache of its own, so no kind finds another run's precompiled functions: the path is the one asked
+    os.environ["ACCEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="accel-call-walk-")
+    os.environ["ACCEL_SAVE_COMPILES"] = "1" if path == "precompiled" else "0"
     import torch
 
     from tools.comfy_env import import_comfyui, load_pack
@@ -99,6 +109,17 @@ def measure(model_name: str) -> dict:
 
     sample(2)
     sample(2)  # warm: every kind compiled, the second sampling compiles nothing
+    if path == "precompiled":  # the child saves them whole once this process is idle; the next call loads them
+        background = engine.background.BACKGROUND
+        while background.stats()["held_until_idle"]:
+            time.sleep(0.1)
+        background.wait(timeout=600)
+        sample(1)
+        served = {e.kind.label: e.precompiled.calls for r in engine.model_record.records_of(compiled.model)
+                  for e in r.entries}
+        if not served or not all(served.values()):
+            raise SystemExit(f"the saved graphs did not serve every kind: {served}")
+        sample(1)
     events = walk_of(lambda: sample(1), accel_dir)
     outside, blocks = split_walk(events)
     if not blocks:
@@ -106,7 +127,7 @@ def measure(model_name: str) -> dict:
     walks = collections.Counter(tuple(sorted(b.items())) for b in blocks)
     typical = dict(walks.most_common(1)[0][0])
     return {
-        "model": model_name,
+        "model": model_name, "path": path,
         "block_calls": len(blocks),
         "block_walks": len(walks),  # how many different walks the block calls took
         "block_files": len(typical),
@@ -122,13 +143,15 @@ def measure(model_name: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="accel-sd15-small.safetensors")
+    parser.add_argument("--path", choices=("dynamo", "precompiled"), default="dynamo",
+                        help="the warm call's compiled path: Dynamo's graphs, or the precompiled functions")
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
     args = parser.parse_args()
-    result = measure(args.model)
+    result = measure(args.model, args.path)
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{result['model']}: one warm model call (1 step, cond and uncond batched), "
+    print(f"{result['model']}, {result['path']} path: one warm model call (1 step, cond and uncond batched), "
           f"{result['block_calls']} block calls in {result['block_walks']} walk(s)")
     print(f"a block call crosses {result['block_files']} files; entered more than once: "
           f"{result['block_files_entered_twice'] or 'none'}")

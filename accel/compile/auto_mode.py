@@ -257,7 +257,7 @@ def send_captures(plan: CallPlan) -> None:
     if not plan.captures:
         return
     captures, device_type = list(plan.captures.values()), plan.device_type
-    wanted = [c for c in captures if c.new_shape or (not c.entry.choice.decided and c.entry.failure is None)]
+    wanted = [c for c in captures if c.new_shape or c.save or (not c.entry.choice.decided and c.entry.failure is None)]
     for capture in captures:
         if capture not in wanted:
             capture.entry.background.not_needed(capture.entry.reason)

@@ -12,6 +12,7 @@ the real call, capturing reads its inputs' layouts only.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 from .background import ACTIVITY
@@ -49,7 +50,11 @@ class BlockDispatcher:
         self.site, self.entry, self.plan = site, entry, plan
         self.eager_reason, self.progress = eager_reason, progress
         self.run = getattr(self, RUNNERS[plan.routes[entry.key]])
-        self.to_child = ToChild(site, entry, plan)  # what of its calls goes to a child (to_child.py)
+
+    @functools.cached_property
+    def to_child(self) -> ToChild:
+        """What of its calls goes to a child (to_child.py), made when one first might: a warm call never does."""
+        return ToChild(self.site, self.entry, self.plan)
 
     def __call__(self, *args, **kwargs):
         self.plan.blocks += 1
@@ -127,10 +132,13 @@ class BlockDispatcher:
 
     def _compiled(self, call: CompiledCall, args: tuple, kwargs: dict):
         entry = self.entry
-        first_compile = entry.compiles == 0
+        before = entry.compiles
         out = entry.run_compiled(self.site.module, call, args, kwargs)
-        if first_compile and entry.compiles and self.progress is not None:
-            self.progress.update(1)
+        if entry.compiles > before:  # it compiled here
+            if before == 0 and self.progress is not None:
+                self.progress.update(1)
+            if self.plan.saves_compiled:
+                self.to_child.compiled_here(call, first=before == 0)
         return out
 
     def _on_chosen_path(self, args: tuple, kwargs: dict, run_compiled):

@@ -42,10 +42,16 @@ class CompileOptions:
         return self.scope == "whole model" and self.mode != "low-memory"
 
     @property
+    def may_use_a_child(self) -> bool:
+        """A background child may work for these options: low-memory mode promises no extra processes, and a whole
+        model is never sent to one."""
+        return self.mode != "low-memory" and not self.whole_model
+
+    @property
     def compiles_in_background(self) -> bool:
         """Only auto mode may run blocks eagerly until they are compiled ("always compiled" means compiled from
         the first call), and low-memory mode promises no extra processes."""
-        return self.background and self.choose == "auto" and self.mode != "low-memory" and not self.whole_model
+        return self.background and self.choose == "auto" and self.may_use_a_child
 
     def torch_compile_kwargs(self, device_type: str) -> dict:
         """kwargs for torch.compile (the hardware policy has already turned modes this device lacks into default)."""

@@ -26,6 +26,7 @@ from . import object_patches
 from .attention import compiled_block_options
 from .auto_mode import abandon_call, finish_call, inputs_key, plan_call, start_call
 from .background import IDLE_GATE
+from .background.decision import saves_compiled
 from .blocks import PATCHED, UNKNOWN_PATCH, cannot_compile_reason, scan_attention_holders
 from .cuda_graphs import finish_graphs, plan_graphs, warn_if_off
 from .dispatch import dispatcher_class
@@ -33,6 +34,7 @@ from .kinds import wait_for_device
 from .model_record import model_record
 from .options import CompileOptions
 from .policy import device_policy, effective_options, warn_once
+from .registry import REGISTRY
 from .status import note_calls, note_owner
 
 WRAPPER_KEY = "accel.compile_model"
@@ -107,6 +109,8 @@ class CompiledApplyModel:
         if plan is None:
             return executor(*args, **kwargs)
         plan.block_options = compiled_block_options(policy.allows("sdpa_in_compiled_blocks"))  # once a call
+        plan.saves_compiled = saves_compiled(options, policy.allows("background_compile"),  # compiles saved whole
+                                             REGISTRY.recorded is not None)
         progress = _progress_bar(plan.compiles_here)
         # A fully loaded model (ComfyUI's model_lowvram flag unset) has every weight on the compute device, so
         # the per-block offload check is only needed after a partial load.

@@ -176,6 +176,7 @@ class PrecompiledGraphs:
         self.functions: dict[str, list] = {}  # context -> loaded functions, in the order they were made
         self.loaded_names: set[str] = set()
         self.due = False  # the cache may hold functions not loaded yet (a child saved some, or found at start)
+        self.looked_up = False  # the cache was asked for them outside a background decision (routes.py)
         self.load_seconds = 0.0
         self.calls = 0
         self.refusals: list[str] = []  # files not loaded, and why
@@ -223,6 +224,10 @@ class PrecompiledGraphs:
             made += 1
         self.load_seconds += time.perf_counter() - start
         return made
+
+    def serve(self, block, forward: Callable, args: tuple, kwargs: dict, label: str = ""):
+        """`call` in this compiled call's context (`context_of`): the one entry a warm precompiled call makes here."""
+        return self.call(context_of(block, forward, args, kwargs), block, args, kwargs, label)
 
     def call(self, context: str, block, args: tuple, kwargs: dict, label: str = ""):
         """The block's output from the first function of `context` whose guards accept these inputs, else

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..cache import COMPILE_CACHE
 from .background.cpu_checks import CPU_CHECKS
 from .dynamo_runner import layouts_of
-from .precompiled import NO_GRAPH, context_of
+from .precompiled import NO_GRAPH
 from .shapes import CompiledCall
 
 if TYPE_CHECKING:
@@ -24,18 +24,23 @@ class PrecompiledRunner:
 
     def __init__(self, entry: KindEntry):
         self.entry = entry
+        self._noted: set = set()  # the signatures it served, noted in the kind's shapes (KindShapes.note_served)
 
-    def load(self) -> bool:
+    def load(self, before_a_compile: bool = False) -> bool:
         """Load the kind's due precompiled functions (precompiled.py) now: at an idle moment (background/loader.py)
         or at its next call, whichever comes first. False when they cannot load yet: on the CPU before inductor's
-        per-process checks ran (loading would run them here: seconds)."""
+        per-process checks ran (loading would run them here: seconds), unless `before_a_compile` (a call that
+        compiles here otherwise, which runs the same checks): then they run now, and the kind loads."""
         entry = self.entry
         with entry.call_lock:
             graphs = entry.precompiled
             if not graphs.due:
                 return True
             if entry.device_type == "cpu" and not CPU_CHECKS.done:
-                return False
+                if not before_a_compile:
+                    return False
+                CPU_CHECKS.want(hold=False)
+                CPU_CHECKS.wait()
             loaded = len(graphs.loaded_names)
             env = COMPILE_CACHE.environment(entry.device_type)
             with env.loading():
@@ -51,7 +56,7 @@ class PrecompiledRunner:
         prompts (background/loader.py) and inputs only they would serve get NO_GRAPH meanwhile."""
         entry = self.entry
         graphs = entry.precompiled
-        loads_now = may_load and graphs.due and self.load() and not graphs.due
+        loads_now = may_load and graphs.due and self.load(before_a_compile=True) and not graphs.due
         if not graphs.functions:
             return NO_GRAPH
         return self._serve(block, call, warm=not loads_now)  # a call that loaded: no fair timing
@@ -61,12 +66,13 @@ class PrecompiledRunner:
         call_args, call_kwargs = call.args, call.kwargs
         # what a child compiling a new shape of the kind replays first: taken before the block may change them
         layouts = layouts_of(call_args, call_kwargs) if entry.first_call is None else None
-        out = entry.precompiled.call(context_of(block, entry.forward, call_args, call_kwargs), block, call_args,
-                                     call_kwargs, entry.kind.label)
+        out = entry.precompiled.serve(block, entry.forward, call_args, call_kwargs, entry.kind.label)
         if out is NO_GRAPH:
             return out
         entry.first_call = entry.first_call or layouts
-        entry.shapes.note_served(call_args, call_kwargs)
+        if call.signature not in self._noted:  # the kind's shapes need each signature once
+            self._noted.add(call.signature)
+            entry.shapes.note_served(call_args, call_kwargs)
         entry.cache_hits += 1
         entry.last_call_warm = warm  # a call that loaded is no fair timing
         return out

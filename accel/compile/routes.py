@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 
 from .background.activity import Window
-from .background.decision import carry_out, decide_background
+from .background.decision import carry_out, decide_background, finds_precompiled
 
 
 class CallMode(enum.Enum):
@@ -55,6 +55,7 @@ class CallPlan:
     to_background: set = field(default_factory=set)  # kind keys a child compiles: their blocks wait, or are captured
     graphs: object = None  # cuda_graphs.GraphCall: the kinds that replay CUDA graphs in this call (opt-in)
     block_options: dict = field(default_factory=dict)  # what compiled blocks get in fresh options (attention.py)
+    saves_compiled: bool = False  # what compiles here in this call goes to a child to be saved whole (decision.py)
 
     @property
     def timed(self) -> bool:
@@ -77,6 +78,12 @@ class CallPlan:
             step = decide_background(entry)
             if entry.background.waiting or (step is not None and carry_out(entry, step)):
                 self.to_background.add(entry.key)
+        elif not entry.precompiled.looked_up and entry.compiles == 0 and not entry.precompiled.expected:
+            # no background decision in this call (choose="always compiled", background=false, every kind
+            # settled): a kind never compiled here still loads what a child or another process saved whole
+            # rather than trace it, at its first compiled call (one compile path, issue #71)
+            entry.precompiled.looked_up = True
+            entry.precompiled.due = finds_precompiled(entry)
         if self.mode is CallMode.PROFILE:
             return Route.PROFILE  # its blocks are captured all the same, when the kind goes to a child
         if entry.key in self.to_background:

@@ -70,6 +70,31 @@ class ToChild:
         self.capture(call, new_shape=True)
         return True
 
+    def compiled_here(self, call: CompiledCall, first: bool) -> None:
+        """The kind just compiled a graph for `call` in this process (`first`: its first): captured, so that a child
+        saves it whole as it saves what it compiles itself, and a restart or a fleet worker loads it instead of
+        tracing it (issue #71: one compile path). Only where a child could save it: a kind of one graph (a graph
+        break is never saved whole), no child on the kind and none failed on it, and no other capture of the kind
+        in this call. Its blocks keep running the graph compiled here; nothing waits for the save. The call has run,
+        and a block writes into its transformer_options: the layouts are taken of the call's inputs built afresh
+        (`again`), as the graph was given them, or the child's graph would guard on the keys the block added and
+        serve no later call."""
+        entry, plan = self.entry, self.plan
+        capture = plan.captures.get(entry.key)
+        if capture is not None:  # a second graph compiled in this call: the same save; or another job's capture
+            if capture.save:
+                capture.add_call(call.signature, *call.again())
+            return
+        if entry.graph_breaks or entry.failure or not entry.background.may_save:
+            return
+        # after the kind's first graph, its first call's layouts come first: the child makes the same
+        # static-then-dynamic graphs this process did
+        capture = plan.captures[entry.key] = Capture.in_this_call(
+            entry, self.site.module, self.site.attribute, save=True,
+            calls=[] if first or entry.first_call is None else [entry.first_call])
+        entry.background.save()
+        capture.add_call(call.signature, *call.again())
+
     def capture(self, call: CompiledCall, new_shape: bool = False, into: dict | None = None) -> None:
         """This block call's inputs, captured for a child: the one place a capture is made. One Capture per kind in
         `into` (the plan's captures, sent when the call ends; precompile's record), a call's layouts once per

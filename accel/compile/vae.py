@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from .. import comfy_names, dynamic_vram, telemetry
 from .auto_mode import abandon_call, send_captures
 from .background import BACKGROUND
+from .background.decision import saves_compiled
 from .blocks import BlockKind
 from .dispatch import BlockDispatcher
 from .kinds import KindEntry
@@ -72,7 +73,9 @@ class CompiledMethod:
         if background:
             BACKGROUND.poll()  # a finished child hands the kind back here
         plan = CallPlan(CallMode.DISPATCH, always, background, device.type, new_shapes_in_background=background,
-                        compiles_in_background=background).fill_routes([entry])
+                        compiles_in_background=background,
+                        saves_compiled=saves_compiled(options, policy.allows("background_compile"),
+                                                      REGISTRY.recorded is not None)).fill_routes([entry])
         try:
             out = BlockDispatcher(CodingSite(self.module, self.method), entry, plan)(*args, **kwargs)
         except BaseException:

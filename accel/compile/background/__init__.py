@@ -1,8 +1,10 @@
-"""Cold compiles off the critical path: a child process compiles block kinds while their blocks run eagerly.
+"""Cold compiles off the critical path: a child process compiles block kinds while their blocks run eagerly, and
+saves whole what ComfyUI's process compiled itself (choose="always compiled", background=false), after the call.
 
 - state.py: where each kind stands (a closed set of states, moved only through its `KindBackground`);
 - skeleton.py: what is sent, a block's structure and tensor layouts, never the user's weights;
-- decision.py: whether a kind's first cold compile goes to a child, or it loads from the cache instead;
+- decision.py: whether a kind's first cold compile goes to a child, or it loads from the cache instead; outside
+  that decision, whether a kind finds precompiled functions to load and whether what compiles here is saved;
 - capture.py: what a child compiles, taken during an eager call (a block's skeleton, its calls' input layouts);
 - parent.py: the jobs in ComfyUI's process, one at a time: launched, queued or held, polled, waited for (`BACKGROUND`);
 - job_results.py: an ended job's results read and handed back to its kinds, its record for the stats;

@@ -30,6 +30,7 @@ class Capture:
     device: str = ""
     error: str | None = None
     new_shape: bool = False  # a compiled kind's new input shape (its first call's layouts come first)
+    save: bool = False  # graphs compiled in this process, for the child to save whole (state.py's SAVE_*)
 
     @classmethod
     def in_this_call(cls, entry, block: torch.nn.Module, attribute: str, **fields) -> "Capture":

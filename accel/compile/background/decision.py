@@ -2,16 +2,24 @@
 call (state.py's UNDECIDED), and what happens instead when it does not.
 
 `decide_background` only looks (the kind, the persistent cache) and says what to do; `carry_out` does it, when
-the call's plan is made (routes.CallPlan.fill_routes), before any block runs."""
+the call's plan is made (routes.CallPlan.fill_routes), before any block runs. Where a call makes no background
+decision (choose="always compiled", background=false), `finds_precompiled` looks for what a child or another
+process saved whole, and `saves_compiled` says whether what compiles in the call goes to a child to be saved whole
+(one compile path, issue #71)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+from ...env_settings import OFF_VALUES
 
 from ...cache import COMPILE_CACHE
 from ..precompiled import loadable as precompiled_loadable, unavailable as precompile_unavailable
 from .cpu_checks import CPU_CHECKS
 from .idle_gate import hold_until_idle
 from .loader import LOADER
+
+SAVE_ENV = "ACCEL_SAVE_COMPILES"  # on unless set to an off value: graphs compiled in ComfyUI's process are saved
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,31 @@ def decide_background(entry) -> BackgroundStep | None:
         # on the CPU, loading waits for inductor's per-process checks, run off the prompt's path first
         return BackgroundStep(after_cpu_checks=on_cpu, not_needed="found in the persistent compile cache")
     return BackgroundStep(send=True)
+
+
+def finds_precompiled(entry) -> bool:
+    """Whether the persistent cache (and the fleet's store behind it) holds precompiled functions of `entry`'s key
+    that this pack loads: a kind never compiled here then loads them at its first compiled call instead of
+    tracing (kinds.KindEntry.run_compiled, which waits for inductor's CPU checks on the CPU: the compile would run
+    them anyway). Changes nothing."""
+    if precompile_unavailable():
+        return False
+    env = COMPILE_CACHE.environment(entry.device_type)
+    return env.check_usable() and env.has_precompiled(entry.cache_id, precompiled_loadable)
+
+
+def saves_compiled(options, policy_allows_a_child: bool, precompile_records: bool) -> bool:
+    """Whether graphs compiled in ComfyUI's process with these options (options.CompileOptions) are saved whole by a
+    child after the call, as a child saves what it compiles: where the hardware policy lets a child run
+    (ACCEL_DISABLE_BACKGROUND_COMPILE), the options allow one (`mode=low-memory` promises no extra process; a whole
+    model is never sent to one), torch can save them (precompiled.unavailable) and ACCEL_SAVE_COMPILES is not
+    off. Never in `python -m accel precompile`'s own process (`precompile_records`: registry.REGISTRY.recorded is
+    set), which saves each kind whole itself."""
+    if not (policy_allows_a_child and options.may_use_a_child) or precompile_records:
+        return False
+    if precompile_unavailable():
+        return False
+    return os.environ.get(SAVE_ENV, "").strip().lower() not in OFF_VALUES[1:]
 
 
 def carry_out(entry, step: BackgroundStep) -> bool:

@@ -32,8 +32,12 @@ def hand_back(job: Job, keeper: WorkerKeeper, history: list[dict]) -> None:
     for entry in job.entries:
         result = by_id.get(entry.cache_id)
         if result and not result.get("failure"):  # compiled and saved, even if the job went wrong after
-            # no graph to load (child/compile_kind.compile_item stops at a graph break): the kind runs eagerly from now
-            if result.get("graph_breaks") and not isinstance(result.get("precompiled"), int):
+            # no graph to load (child/compile_kind.compile_item stops at a graph break): the kind runs eagerly from
+            # now, unless the child only saved what runs compiled here (a save: state.py's SAVE_*), which keeps running
+            in_pieces = result.get("graph_breaks") and not isinstance(result.get("precompiled"), int)
+            if in_pieces and entry.background.saving:
+                entry.background.done(result["seconds"], str(result.get("precompiled")))
+            elif in_pieces:
                 entry.background.done(result["seconds"], in_pieces=str(result.get("precompiled")))
                 entry.choice.compiles_only_in_pieces(str(result.get("precompiled")))
             else:

@@ -11,6 +11,9 @@ Every move a kind makes goes through `KindBackground`, so the states and who may
 
     UNDECIDED --await_cpu_checks()--> AWAITING_CPU_CHECKS --cpu_checks_done()--> NOT_NEEDED
 
+    UNDECIDED, NOT_NEEDED or DONE --save()--> SAVE_CAPTURED --sent()--> SAVE_PENDING --done()--> DONE
+                                                                    (failed() from either: FAILED)
+
 UNDECIDED: not looked at yet. NOT_NEEDED: compiled here (warm, or found in the persistent cache, or too small to
 compile at all). CAPTURED: one of its blocks was captured in this call, sent to a child when the call ends.
 PENDING: a child compiles it. DONE: the child's graphs are in the persistent cache, saved whole where torch can
@@ -22,6 +25,9 @@ compile again: a child compiles that graph while calls of the new shape run eage
 compiled still run compiled.
 AWAITING_CPU_CHECKS: found precompiled in the persistent cache on the CPU; its blocks run eagerly until
 inductor's per-process CPU checks ran in a thread (cpu_checks.py), then it loads at its next call.
+SAVE_*: the kind compiled a graph in this process (choose="always compiled", background=false, or a kind this
+process compiles itself) and runs it; a child saves that graph whole, as it saves what it compiles, so a restart
+or a fleet worker loads it instead of tracing it (issue #71: one compile path). Its blocks never wait for it.
 """
 from __future__ import annotations
 
@@ -45,6 +51,8 @@ class BackgroundState(enum.Enum):
     NEW_SHAPE_CAPTURED = "new shape queued"
     NEW_SHAPE_PENDING = "new shape compiling"
     AWAITING_CPU_CHECKS = "in the cache, loads after the CPU checks"
+    SAVE_CAPTURED = "compiled here, queued to be saved whole"
+    SAVE_PENDING = "compiled here, being saved whole"
 
 
 # States in which the kind's blocks run eagerly because a child has (or will have) its compile, or (found in the
@@ -54,6 +62,10 @@ WAITING_STATES = (BackgroundState.CAPTURED, BackgroundState.PENDING, BackgroundS
 SETTLED_STATES = (BackgroundState.NOT_NEEDED, BackgroundState.DONE, BackgroundState.FAILED)
 # States in which calls of a new input shape run eagerly while a child compiles that shape's graph.
 NEW_SHAPE_STATES = (BackgroundState.NEW_SHAPE_CAPTURED, BackgroundState.NEW_SHAPE_PENDING)
+# States in which a child saves whole what the kind compiled here (its blocks run that graph meanwhile).
+SAVING_STATES = (BackgroundState.SAVE_CAPTURED, BackgroundState.SAVE_PENDING)
+# States from which what the kind compiles here next goes to a child to be saved whole (none is on it).
+MAY_SAVE_STATES = (BackgroundState.UNDECIDED, BackgroundState.NOT_NEEDED, BackgroundState.DONE)
 
 
 class KindBackground:
@@ -83,6 +95,19 @@ class KindBackground:
         it (a kind that failed in a child compiles here)."""
         return self.state in (BackgroundState.NOT_NEEDED, BackgroundState.DONE)
 
+    @property
+    def saving(self) -> bool:
+        return self.state in SAVING_STATES
+
+    @property
+    def may_save(self) -> bool:
+        return self.state in MAY_SAVE_STATES
+
+    def save(self) -> None:
+        assert self.may_save, self.state
+        self.state = BackgroundState.SAVE_CAPTURED
+        self.reason = "compiled in this process; a child saves its graphs whole after the call"
+
     def capture(self) -> None:
         assert self.state is BackgroundState.UNDECIDED, self.state
         self.state = BackgroundState.CAPTURED
@@ -105,9 +130,11 @@ class KindBackground:
         self.state, self.reason = BackgroundState.NOT_NEEDED, why
 
     def sent(self) -> None:
-        assert self.state in (BackgroundState.CAPTURED, BackgroundState.NEW_SHAPE_CAPTURED), self.state
-        self.state = (BackgroundState.PENDING if self.state is BackgroundState.CAPTURED
-                      else BackgroundState.NEW_SHAPE_PENDING)
+        pending = {BackgroundState.CAPTURED: BackgroundState.PENDING,
+                   BackgroundState.NEW_SHAPE_CAPTURED: BackgroundState.NEW_SHAPE_PENDING,
+                   BackgroundState.SAVE_CAPTURED: BackgroundState.SAVE_PENDING}
+        assert self.state in pending, self.state
+        self.state = pending[self.state]
 
     def done(self, seconds: float, precompiled: int | str | None = None, refused: bool = False,
              in_pieces: str | None = None) -> None:
@@ -115,11 +142,13 @@ class KindBackground:
         `refused`: torch raised while saving or loading one (child/compile_kind.save_precompiled), which a user
         should see; `in_pieces`: instead, the child met a graph break (why), compiled nothing, and the kind runs
         eagerly."""
-        new_shape = self.state is BackgroundState.NEW_SHAPE_PENDING
+        new_shape, saved = self.state is BackgroundState.NEW_SHAPE_PENDING, self.saving
         self.state, self.seconds = BackgroundState.DONE, seconds
         how = ("" if precompiled is None else f", {precompiled} graphs precompiled" if isinstance(precompiled, int)
                else f", not precompiled ({precompiled}): it loads through Dynamo")
         self.reason = f"{'a new input shape ' if new_shape else ''}compiled in a child process in {seconds:.1f} s{how}"
+        if saved:
+            self.reason = f"compiled in this process; a child process saved it in {seconds:.1f} s{how}"
         if in_pieces is not None:
             self.reason = f"a child process found in {seconds:.1f} s that it does not compile whole ({in_pieces})"
         if refused and self.label not in _WARNED_NOT_PRECOMPILED:
