@@ -20,9 +20,9 @@ import math
 from pathlib import Path
 
 import _path  # noqa: F401  (the project root on sys.path)
-import digits
 from deepcache_quality import MODELS, frame_psnr, psnr
-from digits import ASSETS, trained_weights
+from tools import digits_models as digits
+from tools.digits_models import ASSETS, trained_weights
 
 from tools.comfy_env import import_comfyui, load_pack
 from tools.harness import cli

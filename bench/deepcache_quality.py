@@ -1,5 +1,5 @@
 """DeepCache's quality on models that have learned something, beside core ComfyUI's EasyCache and LazyCache: small
-class-conditional models trained on scikit-learn's digits (bench/digits.py), sampled through ComfyUI's own sampler.
+class-conditional models trained on scikit-learn's digits (tools/digits_models.py), sampled through ComfyUI's own sampler.
 What each `--model` measures, and where its results go: bench/README.md.
 
     python bench/deepcache_quality.py [--model unet]   # evaluate (trains first when the weights file is missing)
@@ -13,8 +13,8 @@ import math
 from pathlib import Path
 
 import _path  # noqa: F401  (the project root on sys.path)
-import digits
-from digits import ASSETS, SIZE, trained_weights
+from tools import digits_models as digits
+from tools.digits_models import ASSETS, SIZE, trained_weights
 from tools.comfy_env import import_comfyui, load_pack
 from tools.harness import cli
 from tools.harness.results import markdown_table, pyplot, save_chart, write_report

@@ -1,6 +1,8 @@
 """The three small class-conditional models of bench/deepcache_quality.py, trained on scikit-learn's digits: the
 data, one training loop with each model's objective, the weights file (trained when missing), the sampling, and
-the blocks' compute counted by hooks. Each model is ComfyUI's own class (bench/README.md describes them)."""
+the blocks' compute counted by hooks. Each model is ComfyUI's own class (bench/README.md describes them). Here in
+tools/ with the rest of the code that makes models (make_models.py, family_models.py): it trains, it does not
+measure; the benchmarks that measure them are bench/deepcache_quality.py and bench/cache_rules_explained.py."""
 from __future__ import annotations
 
 import functools
