@@ -23,6 +23,10 @@ from tools.harness.sampling import BlockWork, run_settings
 MODELS = {"unet": digits.UNet, "flux": digits.Flux, "wan": digits.Wan}
 FORECAST = "DeepCache adaptive, first only, forecast"
 FITTED = "DeepCache adaptive, first only, fitted forecast"
+# TaylorSeer's rule as its paper describes it (full compute every N steps, the steps between forecast from the
+# cached features by finite differences, order 1 or 2), on DeepCache's machinery: the uniform schedule, live
+# blocks "first only" (every block after the first reused), forecast "linear" (order 1) or "quadratic" (order 2)
+TAYLOR = {1: "TaylorSeer-style order 1", 2: "TaylorSeer-style order 2"}
 
 
 def arguments():
@@ -51,6 +55,8 @@ def arguments():
     parser.add_argument("--fitted", type=float, nargs="*", default=[0.3, 0.5],
                         help="flux, wan: adaptive thresholds with live_blocks 'first only' and forecast 'fitted'")
     parser.add_argument("--forecast-interval", type=int, default=6, help="those settings' cache_interval")
+    parser.add_argument("--taylor", type=int, nargs="*", default=[],
+                        help="flux, wan: TaylorSeer-style settings at these full-compute intervals, order 1 and 2")
     parser.add_argument("--easycache", type=float, nargs="+", default=[0.1, 0.2, 0.4],
                         help="EasyCache and LazyCache thresholds")
     parser.add_argument("--attention", choices=["comfyui-default", "pytorch"],
@@ -139,6 +145,11 @@ def settings(pack, patcher, args):
         out.append((f"DeepCache adaptive {threshold:g}, first only, fitted forecast", FITTED, threshold,
                     deepcache.apply(patcher, args.forecast_interval, args.depth, 0.0, 1.0, "adaptive", threshold,
                                     forecast="fitted", live_blocks="first only")[0]))
+    for n in getattr(args, "taylor", ()):  # TAYLOR: full compute every n steps, order 1 and 2 between them
+        for order, forecast in ((1, "linear"), (2, "quadratic")):
+            out.append((f"{TAYLOR[order]}, interval {n}", TAYLOR[order], n,
+                        deepcache.apply(patcher, n, args.depth, 0.0, 1.0, "uniform", forecast=forecast,
+                                        live_blocks="first only")[0]))
     for node, name in ((EasyCacheNode, "EasyCache"), (LazyCacheNode, "LazyCache")):
         for threshold in args.easycache:  # start and end percent at the nodes' defaults
             model = node.execute(patcher, threshold, 0.15, 0.95, False).result[0]
@@ -328,7 +339,7 @@ def save_strip(path: Path, videos: dict, scale: int = 4) -> None:
 def plot(path: Path, rows: list[dict], title: str) -> None:
     fig, ax = pyplot().subplots(figsize=(7, 4.5))
     markers = {"DeepCache uniform": "o", "DeepCache adaptive": "s", FORECAST: "D", FITTED: "P", "EasyCache": "^",
-               "LazyCache": "v"}
+               "LazyCache": "v", TAYLOR[1]: "<", TAYLOR[2]: ">"}
     for method, marker in markers.items():
         points = [(r["speedup"], r["psnr_vs_full"], r["knob"]) for r in rows
                   if r["method"] == method and r["psnr_vs_full"] is not None]  # None: equal to full compute

@@ -52,7 +52,8 @@ class DeepCache:
                            "(closer to full compute at the same speed, most of all with few full steps; keeps one "
                            "more feature in memory). fitted (adaptive schedule): the same line, taken only as far "
                            "as the deep part's input moved along its own last change (closer still on "
-                           "transformers; on UNets about what linear gives)."}),
+                           "transformers; on UNets about what linear gives). quadratic: the parabola through the "
+                           "last three full steps' features (a second-order forecast; keeps two more features)."}),
             "live_blocks": (list(deepcache.LIVE_BLOCKS), {
                 "default": "first and last",
                 "tooltip": "Transformers: which blocks run on a reused step. first and last: the first and last "

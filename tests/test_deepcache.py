@@ -595,3 +595,40 @@ def test_fitted_forecast_on_the_unet_extrapolates_and_leaks_nothing(pack, unet):
     assert not torch.equal(first, sample(apply("off"), size=RUN_A["size"], steps=12, seed=0)), "nothing extrapolated"
     sample(split_cond_uncond(fitted), size=(8, 16), batch=2, steps=12, seed=1)
     assert torch.equal(sample(fitted, size=RUN_A["size"], steps=12, seed=0), first), "run A changed after run B"
+
+
+def test_the_quadratic_forecast_is_exact_on_a_parabola_in_sigma(pack):
+    """forecast "quadratic" (TaylorSeer's order 2, run_state.py): a reused step gets the parabola in sigma through
+    the last three full steps' features, so on features that are a parabola of sigma it is exact where "linear"
+    (the line through the last two) is not; a step with only two full steps behind it gets the line. Entries kept
+    per chunk: the last full step's, the one before, the one before that; a full call frees the oldest first."""
+    run_state, config = pack.accel.deepcache.run_state, pack.accel.deepcache.config
+    sigmas = [14.6, 8.0, 4.5, 2.6, 1.5, 0.9, 0.5, 0.3, 0.0]
+    coefficients = torch.tensor([[0.3, -1.2], [2.0, 0.5]]), torch.tensor([[0.7, 0.1], [-0.4, 1.1]])
+
+    def feature(sigma: float) -> torch.Tensor:  # a + b s + c s^2, per element
+        return 1.5 + coefficients[0] * sigma + coefficients[1] * sigma * sigma
+
+    def state(forecast: str):
+        cfg = config.DeepCacheConfig(interval=3, forecast=forecast)
+        plan = pack.accel.deepcache.schedule.make_plan(sigmas, 3, "uniform", sigmas[0], 0.0)
+        run = run_state.RunState(config=cfg, depth=0, plan=plan)
+        key, signature = ("uuids", "a"), (1, (2, 2), torch.float32, torch.device("cpu"))
+        for step in (0, 3, 6):  # the full steps of interval 3
+            run.drop_unread([key])
+            run.store([key], step, signature, feature(sigmas[step]).unsqueeze(0))
+        return run, run.features[key]
+
+    quadratic, entry = state("quadratic")
+    assert [entry.step, entry.previous.step, entry.previous.previous.step] == [6, 3, 0]
+    assert entry.previous.previous.previous is None
+    exact = feature(sigmas[7]).unsqueeze(0)
+    assert torch.allclose(quadratic.reused_feature(entry, 7), exact, rtol=1e-5, atol=1e-5)
+    linear, linear_entry = state("linear")
+    assert linear_entry.previous.previous is None  # the line keeps one entry before
+    assert not torch.allclose(linear.reused_feature(linear_entry, 7), exact, rtol=1e-3, atol=1e-3)
+    # two full steps behind (step 4, after full steps 0 and 3): the line, as "linear" gives
+    two, entry_two = state("quadratic")
+    entry_two.previous.previous = None
+    line, line_entry = state("linear")
+    assert torch.equal(two.reused_feature(entry_two, 7), line.reused_feature(line_entry, 7))

@@ -160,6 +160,23 @@ def test_another_nodes_block_patch_keeps_working_under_deepcache(accel_pack, mod
 
 
 @pytest.mark.parametrize("name", ("flux", "wan21"))
+def test_quadratic_forecast_extrapolates_where_three_full_steps_are_behind_and_leaks_nothing(accel_pack, models,
+                                                                                            name):
+    """forecast "quadratic" on a transformer's residuals, interval 2 over 6 steps (full 0, 2, 4): step 5 has three
+    full steps behind it and gets the parabola, so the output differs from "linear"; interval 1 changes nothing;
+    run A, then B at another size with cond and uncond split, then A again: bit for bit the same."""
+    model = models[name]
+    assert torch.equal(run(with_options(accel_pack, model, 1, forecast="quadratic"), name), run(model, name))
+    quadratic = with_options(accel_pack, model, 2, forecast="quadratic")
+    first = run(quadratic, name, seed=3)
+    assert last_report(accel_pack)["forecast"] == "quadratic" and last_report(accel_pack)["reused_steps"] == 3
+    assert torch.isfinite(first).all()
+    assert not torch.equal(first, run(with_options(accel_pack, model, 2, forecast="linear"), name, seed=3))
+    run(split_cond_uncond(quadratic), name, seed=4, latent_shape=bigger(name))
+    assert torch.equal(run(quadratic, name, seed=3), first), "run A changed after run B"
+
+
+@pytest.mark.parametrize("name", ("flux", "wan21"))
 def test_deepcache_applied_again_replaces_the_first_one_on_every_block(accel_pack, models, name):
     """A second DeepCache node on a DeepCache'd model replaces the first, also on the blocks only the first one's
     span covered: before, live_blocks "first only" then "first and last" left the first node's patches on the last
@@ -398,7 +415,7 @@ def test_fitted_factor_is_the_signals_progress_along_its_last_change(accel_pack)
 
 
 def test_bad_forecast_or_live_blocks_are_refused_when_the_node_runs(accel_pack, models):
-    for bad in ({"forecast": "quadratic"}, {"live_blocks": "last only"}):
+    for bad in ({"forecast": "cubic"}, {"live_blocks": "last only"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             with_options(accel_pack, models["wan21"], **bad)
     # "fitted" follows the adaptive signal, which a uniform schedule does not measure: the error names the fix

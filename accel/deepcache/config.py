@@ -10,8 +10,10 @@ from .schedule import ADAPTIVE, ADAPTIVE_MIN_STEPS, SCHEDULES
 # own rule), or extrapolated from the last two full steps ("linear": along the line in sigma, a first-order
 # forecast as TaylorSeer does; "fitted", adaptive only: along the same line, as far as the adaptive signal
 # measured at this step moved along its own last change, adaptive.progress_along). Both keep one more feature
-# per cond chunk.
-FORECASTS = ("off", "linear", "fitted")
+# per cond chunk. "quadratic": the parabola in sigma through the last three full steps' features, taken at this
+# step's sigma (a second-order forecast: TaylorSeer's order 2, from finite differences); keeps two more features
+# per cond chunk, and a step with fewer than three full steps behind it gets the line, or the feature as it is.
+FORECASTS = ("off", "linear", "fitted", "quadratic")
 # Transformers: which end blocks run on a reused step. "first and last": DeepCache's split (the last block
 # refines the reused residual); "first only": everything after the first block(s) is reused, as First Block Cache
 # does, so a reused step costs one block. UNets keep their own split (cache_depth's skip branch).
@@ -56,6 +58,7 @@ class DeepCacheConfig:
 
 def schedule_text(config: DeepCacheConfig) -> str:
     forecast = {"linear": ", features forecast linearly from the last two full steps",
+                "quadratic": ", features forecast from the last three full steps (second order)",
                 "fitted": ", features forecast from the last two full steps as far as the signal moved"}.get(
         config.forecast, "")
     if config.schedule == ADAPTIVE:

@@ -47,6 +47,42 @@ def extrapolate(h, previous, factor: float):
     return (h - previous).mul_(factor).add_(h)  # one new tensor a call, not three (the same values)
 
 
+def extrapolate2(h, previous, before, a: float, b: float):
+    """h + a (h - previous) - b (previous - before): the parabola through three features (quadratic_factors)."""
+    if isinstance(h, dict):
+        return {k: extrapolate2(v, previous[k], before[k], a, b) for k, v in h.items()}
+    if h is None:
+        return None
+    return (h - previous).mul_(a).add_(h).sub_((previous - before).mul_(b))
+
+
+def quadratic_factors(s: float, s2: float, s1: float, s0: float) -> tuple[float, float] | None:
+    """(a, b) such that h2 + a (h2 - h1) - b (h1 - h0) is the parabola through (s0, h0), (s1, h1), (s2, h2) taken
+    at s: Newton's form h2 + (s - s2) f[s2, s1] + (s - s2)(s - s1) f[s2, s1, s0], in sigma. None where two of the
+    three sigmas are equal (no parabola)."""
+    if s2 == s1 or s1 == s0 or s2 == s0:
+        return None
+    curve = (s - s2) * (s - s1) / (s2 - s0)
+    return (s - s2) / (s2 - s1) + curve / (s2 - s1), curve / (s1 - s0)
+
+
+def forecast_quadratic(entry: _Entry, sigmas, step: int):
+    """Forecast "quadratic": the parabola in sigma through `entry`'s feature and its two previous ones, taken at
+    `step`'s sigma; None where two of their sigmas are equal."""
+    previous, before = entry.previous, entry.previous.previous
+    factors = quadratic_factors(sigmas[step], sigmas[entry.step], sigmas[previous.step], sigmas[before.step])
+    return None if factors is None else extrapolate2(entry.h, previous.h, before.h, *factors)
+
+
+def free_before_kept(entry: _Entry, forecast: str) -> None:
+    """What a full call's new entry will not keep of `entry`'s: the entries before its previous one, or before
+    the one before that with "quadratic"."""
+    if forecast == "quadratic" and entry.previous is not None:
+        entry.previous.previous = None
+    else:
+        entry.previous = None
+
+
 @dataclass
 class ModelCall:
     """One model call's place in the run and what it may reuse, decided once before the call runs (by
@@ -109,6 +145,10 @@ class RunState:
         if previous is None:
             return entry.h
         sigmas = self.plan.sigmas
+        if self.config.forecast == "quadratic" and previous.previous is not None:
+            parabola = forecast_quadratic(entry, sigmas, step)
+            if parabola is not None:
+                return parabola
         span = sigmas[entry.step] - sigmas[previous.step]
         if span == 0:
             return entry.h
@@ -122,12 +162,15 @@ class RunState:
     def _entry(self, key, step: int, signature: tuple, h, reference) -> _Entry:
         """A chunk's new entry; with a forecast it keeps the one it replaces (without that one's own previous),
         or, replacing one of the same step (a sampler's second call in a step: heun, dpm_2, the SDE samplers),
-        that one's previous: the line's other end stays the last full step before this one."""
+        that one's previous: the line's other end stays the last full step before this one. With "quadratic" the
+        one it replaces keeps its own previous too (without that one's): the last three full steps."""
         old = self.features.get(key)
         previous = None
         if self.config.forecast != "off" and old is not None and old.signature == signature:
             if old.step < step:
-                previous = dataclasses.replace(old, previous=None)
+                before = old.previous if self.config.forecast == "quadratic" else None
+                previous = dataclasses.replace(
+                    old, previous=None if before is None else dataclasses.replace(before, previous=None))
             elif old.step == step:
                 previous = old.previous
         return _Entry(step, signature, h, reference, previous=previous)
@@ -188,12 +231,13 @@ class RunState:
     def drop_unread(self, keys) -> None:
         """Before the blocks of a call that reuses nothing (its outputs do not depend on this): free what only a
         reuse would read. Without a forecast, the chunks' entries (the call's capture replaces them, or else they
-        are forgotten after it); with one, the entries before them (a new entry keeps only the one it replaces)."""
+        are forgotten after it); with one, the entries before them (a new entry keeps only the one it replaces;
+        with "quadratic", that one and the one before it)."""
         for key in keys or ():
             if self.config.forecast == "off":
                 self.features.pop(key, None)
             elif key in self.features:
-                self.features[key].previous = None
+                free_before_kept(self.features[key], self.config.forecast)
 
     def forget(self, keys) -> None:
         for key in keys or ():
