@@ -136,6 +136,8 @@ class KindEntry:
             return self.run_eager(block, args, kwargs, self.reason)
         self.last_call_warm = False
         graphs = self.precompiled
+        if may_compile and not graphs.looked_up and self.compiles == 0:  # a first compile here: saved whole before?
+            self.precompiled_calls.look_up_before_a_compile()
         if graphs.due or graphs.functions:  # else its runner would find none: the Dynamo path at once
             out = self.precompiled_calls.call(block, call, may_load=may_compile)
             if out is not NO_GRAPH:

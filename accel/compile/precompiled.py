@@ -176,7 +176,7 @@ class PrecompiledGraphs:
         self.functions: dict[str, list] = {}  # context -> loaded functions, in the order they were made
         self.loaded_names: set[str] = set()
         self.due = False  # the cache may hold functions not loaded yet (a child saved some, or found at start)
-        self.looked_up = False  # the cache was asked for them outside a background decision (routes.py)
+        self.looked_up = False  # the cache was asked for them before a first compile here (precompiled_runner.py)
         self.load_seconds = 0.0
         self.calls = 0
         self.refusals: list[str] = []  # files not loaded, and why

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..cache import COMPILE_CACHE
 from .background.cpu_checks import CPU_CHECKS
 from .dynamo_runner import layouts_of
-from .precompiled import NO_GRAPH
+from .precompiled import NO_GRAPH, loadable, unavailable
 from .shapes import CompiledCall
 
 if TYPE_CHECKING:
@@ -25,6 +25,19 @@ class PrecompiledRunner:
     def __init__(self, entry: KindEntry):
         self.entry = entry
         self._noted: set = set()  # the signatures it served, noted in the kind's shapes (KindShapes.note_served)
+
+    def look_up_before_a_compile(self) -> None:
+        """Before the kind's first compile in this process: if the persistent cache (or the fleet's store behind
+        it) holds precompiled functions of its key, a child or another process saved it whole (one compile path,
+        issue #71: choose="always compiled", background=false), so they are due and the call loads them instead of
+        tracing. Asked once per kind; a kind the background decision looked at already knows (decision.py)."""
+        entry = self.entry
+        graphs = entry.precompiled
+        graphs.looked_up = True
+        if graphs.expected or unavailable():
+            return
+        env = COMPILE_CACHE.environment(entry.device_type)
+        graphs.due = env.check_usable() and env.has_precompiled(entry.cache_id, loadable)
 
     def load(self, before_a_compile: bool = False) -> bool:
         """Load the kind's due precompiled functions (precompiled.py) now: at an idle moment (background/loader.py)

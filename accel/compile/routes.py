@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 
 from .background.activity import Window
-from .background.decision import carry_out, decide_background, finds_precompiled
+from .background.decision import carry_out, decide_background
 
 
 class CallMode(enum.Enum):
@@ -78,12 +78,7 @@ class CallPlan:
             step = decide_background(entry)
             if entry.background.waiting or (step is not None and carry_out(entry, step)):
                 self.to_background.add(entry.key)
-        elif not entry.precompiled.looked_up and entry.compiles == 0 and not entry.precompiled.expected:
-            # no background decision in this call (choose="always compiled", background=false, every kind
-            # settled): a kind never compiled here still loads what a child or another process saved whole
-            # rather than trace it, at its first compiled call (one compile path, issue #71)
-            entry.precompiled.looked_up = True
-            entry.precompiled.due = finds_precompiled(entry)
+
         if self.mode is CallMode.PROFILE:
             return Route.PROFILE  # its blocks are captured all the same, when the kind goes to a child
         if entry.key in self.to_background:

@@ -2,10 +2,8 @@
 call (state.py's UNDECIDED), and what happens instead when it does not.
 
 `decide_background` only looks (the kind, the persistent cache) and says what to do; `carry_out` does it, when
-the call's plan is made (routes.CallPlan.fill_routes), before any block runs. Where a call makes no background
-decision (choose="always compiled", background=false), `finds_precompiled` looks for what a child or another
-process saved whole, and `saves_compiled` says whether what compiles in the call goes to a child to be saved whole
-(one compile path, issue #71)."""
+the call's plan is made (routes.CallPlan.fill_routes), before any block runs. `saves_compiled` says whether what
+compiles in ComfyUI's process in a call goes to a child to be saved whole (one compile path, issue #71)."""
 from __future__ import annotations
 
 import os
@@ -55,17 +53,6 @@ def decide_background(entry) -> BackgroundStep | None:
         # on the CPU, loading waits for inductor's per-process checks, run off the prompt's path first
         return BackgroundStep(after_cpu_checks=on_cpu, not_needed="found in the persistent compile cache")
     return BackgroundStep(send=True)
-
-
-def finds_precompiled(entry) -> bool:
-    """Whether the persistent cache (and the fleet's store behind it) holds precompiled functions of `entry`'s key
-    that this pack loads: a kind never compiled here then loads them at its first compiled call instead of
-    tracing (kinds.KindEntry.run_compiled, which waits for inductor's CPU checks on the CPU: the compile would run
-    them anyway). Changes nothing."""
-    if precompile_unavailable():
-        return False
-    env = COMPILE_CACHE.environment(entry.device_type)
-    return env.check_usable() and env.has_precompiled(entry.cache_id, precompiled_loadable)
 
 
 def saves_compiled(options, policy_allows_a_child: bool, precompile_records: bool) -> bool:
