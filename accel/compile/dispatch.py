@@ -87,32 +87,20 @@ class BlockDispatcher:
 
     def _compiled_route(self, args: tuple, kwargs: dict):
         """choose="always compiled": compiled, compiling here what is missing."""
-        call = self._compiled_call(args, kwargs)
-        if isinstance(call, str):
-            return self._eager(args, kwargs, call)
-        out = self._graphed(call, args, kwargs)
-        return self._compiled(call, args, kwargs) if out is WOULD_COMPILE else out
+        return self._with_compiled_call(args, kwargs, lambda call: self._compiled(call, args, kwargs))
 
     def _chosen(self, args: tuple, kwargs: dict):
         """The kind's chosen path (timed while undecided); its compiled side may compile here."""
-        call = self._compiled_call(args, kwargs)
-        if isinstance(call, str):
-            return self._eager(args, kwargs, call)
-        out = self._graphed(call, args, kwargs)
-        if out is not WOULD_COMPILE:
-            return out
-        return self._on_chosen_path(args, kwargs, lambda: self._compiled(call, args, kwargs))
+        return self._with_compiled_call(args, kwargs, lambda call: self._on_chosen_path(
+            args, kwargs, lambda: self._compiled(call, args, kwargs)))
 
     def _chosen_off_prompt(self, args: tuple, kwargs: dict):
         """The kind's chosen path; inputs its graphs do not serve run eagerly while a child compiles their graph.
         Dynamo's own guards say what a graph serves once the kind has graphs of one frame each
         (`can_refuse_compiles`); a kind with graph breaks has the kind's shapes predict it (`would_compile`)."""
-        call = self._compiled_call(args, kwargs)
-        if isinstance(call, str):
-            return self._eager(args, kwargs, call)
-        out = self._graphed(call, args, kwargs)
-        if out is not WOULD_COMPILE:
-            return out
+        return self._with_compiled_call(args, kwargs, lambda call: self._off_prompt(call, args, kwargs))
+
+    def _off_prompt(self, call: CompiledCall, args: tuple, kwargs: dict):
         if self.entry.can_refuse_compiles:
             return self._on_chosen_path(args, kwargs, lambda: self._compiled_or_eager(call, args, kwargs))
         if self.plan.new_shapes_in_background and self.to_child.predicted_new_shape(call):
@@ -121,6 +109,16 @@ class BlockDispatcher:
         return self._on_chosen_path(args, kwargs, lambda: self._compiled(call, args, kwargs))
 
     # -- what the runners share ---------------------------------------------------------------------
+    def _with_compiled_call(self, args: tuple, kwargs: dict, then):
+        """The compiled routes' common start: the block eagerly where this call's answer says so (its weights,
+        another node's patch), else replayed from a CUDA graph where the call graphs the kind, else `then(call)`
+        with its compiled call (shapes.CompiledCall)."""
+        call = self._compiled_call(args, kwargs)
+        if isinstance(call, str):
+            return self._eager(args, kwargs, call)
+        out = self._graphed(call, args, kwargs)
+        return then(call) if out is WOULD_COMPILE else out
+
     def _compiled_call(self, args: tuple, kwargs: dict) -> CompiledCall | str:
         """This call's compiled call, or why the block runs eagerly (its weights, another node's patch)."""
         if self.eager_reason:
