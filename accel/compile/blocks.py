@@ -289,7 +289,9 @@ def scan_attention_holders() -> None:
     if attention is not None:  # a newer ComfyUI without them: every block call counts as swapped (eager)
         comfy_names.missing(attention, ATTENTION_GLOBALS[:1], f"{ATTENTION_MODULE}.{ATTENTION_GLOBALS[0]}")
         comfy_names.missing(attention, ATTENTION_GLOBALS[1:], f"{ATTENTION_MODULE}.{ATTENTION_GLOBALS[1]}")
-    _attention_holders = [(module, name) for module_name, module in list(sys.modules.items())
+    # sys.modules.copy(), not list(sys.modules.items()): a copy is one C call that no import on another thread (a
+    # server's) can interleave with; iterating raised "dictionary changed size during iteration" in a template run
+    _attention_holders = [(module, name) for module_name, module in sys.modules.copy().items()
                           if module is not None and module_name.startswith("comfy.ldm.")
                           for name in ATTENTION_GLOBALS if name in vars(module)]
     _attention_seen = (None, False)
