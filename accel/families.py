@@ -27,6 +27,8 @@ DIT_BLOCK_LISTS = {
     "MMDiT": (("joint_blocks", "double_block"),),
     "LTXVModel": (("transformer_blocks", "double_block"),),
 }
+# DeepCache's auto schedule (deepcache/presets.py): the transformers that make video (their preset reuses more).
+VIDEO_DIT_CLASSES = ("WanModel", "HunyuanVideo", "LTXVModel")
 # The streams of a block patch's arguments whose change over a span DeepCache keeps (the image tokens, and the text
 # tokens where the loop carries them); the first is the signal its adaptive schedule reads.
 DIT_STREAMS = ("img", "txt")

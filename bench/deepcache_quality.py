@@ -27,6 +27,16 @@ FITTED = "DeepCache adaptive, first only, fitted forecast"
 # cached features by finite differences, order 1 or 2), on DeepCache's machinery: the uniform schedule, live
 # blocks "first only" (every block after the first reused), forecast "linear" (order 1) or "quadratic" (order 2)
 TAYLOR = {1: "TaylorSeer-style order 1", 2: "TaylorSeer-style order 2"}
+# First Block Cache's rule as diffusers' hooks and Comfy-WaveSpeed describe it: the first block always runs, the
+# rest of the model's blocks are reused while the first block's residual (its output minus its input) changed by
+# less than the threshold, relative L1, since the last full step, with no cap on reused steps in a row: DeepCache's
+# adaptive schedule with signal "first block residual", live blocks "first only", cache_interval = the steps.
+# (DeepCache keeps the run's first and last steps full, which First Block Cache does not ask for.) "+ forecast":
+# the same, each reused step's residual forecast as the fitted forecast does (cache-dit pairs its block caches with
+# TaylorSeer's forecasts).
+AUTO = "DeepCache auto (the default)"
+FBC = "First Block Cache-style"
+FBC_FORECAST = "First Block Cache-style + fitted forecast"
 
 
 def arguments():
@@ -44,8 +54,11 @@ def arguments():
     parser.add_argument("--intervals", type=int, nargs="+")
     parser.add_argument("--per-class", type=int, default=10, help="unet, flux: generated images per digit")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--repeats", type=int, default=3, help="flux: timed generations per setting (median)")
-    parser.add_argument("--rounds", type=int, default=3, help="wan: timed rounds over all settings (median)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="flux: timed generations per setting in a row (median); 0: --rounds instead")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="wan, and flux with --repeats 0: timed rounds over all settings, after one warm-up "
+                             "generation of each (median)")
     parser.add_argument("--frames", type=int, default=8, help="wan: latent frames per clip (training and sampling)")
     parser.add_argument("--clips-per-digit", type=int, default=2, help="wan: generated clips per digit")
     parser.add_argument("--adaptive", type=float, nargs="+", default=[0.1, 0.2, 0.3])
@@ -57,8 +70,17 @@ def arguments():
     parser.add_argument("--forecast-interval", type=int, default=6, help="those settings' cache_interval")
     parser.add_argument("--taylor", type=int, nargs="*", default=[],
                         help="flux, wan: TaylorSeer-style settings at these full-compute intervals, order 1 and 2")
+    parser.add_argument("--fbc", type=float, nargs="*", default=[],
+                        help="flux, wan: First Block Cache-style settings at these residual-change thresholds")
+    parser.add_argument("--fbc-forecast", type=float, nargs="*", default=[],
+                        help="flux, wan: the same with forecast 'fitted'")
     parser.add_argument("--easycache", type=float, nargs="+", default=[0.1, 0.2, 0.4],
                         help="EasyCache and LazyCache thresholds")
+    parser.add_argument("--no-auto", dest="auto", action="store_false",
+                        help="leave out the node's default (schedule auto) row")
+    parser.add_argument("--front", action="store_true",
+                        help="unet: every setting of the DiT models' table (adaptive, core caches, wall time), "
+                             "not the intervals' quality alone")
     parser.add_argument("--attention", choices=["comfyui-default", "pytorch"],
                         help="ComfyUI's attention: SDPA (--use-pytorch-cross-attention) or its CPU default "
                              "(sub-quadratic); wan's default is pytorch")
@@ -131,6 +153,9 @@ def settings(pack, patcher, args):
 
     deepcache = pack.nodes.deepcache.DeepCache()
     out = [("full compute", "full", None, patcher)]
+    if getattr(args, "auto", True):  # the node's default: the preset of the model's kind (accel/deepcache/presets.py)
+        out.append(("DeepCache auto (the default)", AUTO, None,
+                    deepcache.apply(patcher, 3, args.depth, 0.0, 1.0, "auto")[0]))
     for n in args.intervals:
         out.append((f"DeepCache interval {n}", "DeepCache uniform", n,
                     deepcache.apply(patcher, n, args.depth, 0.0, 1.0, "uniform")[0]))
@@ -150,6 +175,12 @@ def settings(pack, patcher, args):
             out.append((f"{TAYLOR[order]}, interval {n}", TAYLOR[order], n,
                         deepcache.apply(patcher, n, args.depth, 0.0, 1.0, "uniform", forecast=forecast,
                                         live_blocks="first only")[0]))
+    for rows, kind, forecast in (("fbc", FBC, "off"), ("fbc_forecast", FBC_FORECAST, "fitted")):
+        for threshold in getattr(args, rows, ()):
+            out.append((f"{kind} {threshold:g}", kind, threshold,
+                        deepcache.apply(patcher, args.steps, args.depth, 0.0, 1.0, "adaptive", threshold,
+                                        forecast=forecast, live_blocks="first only",
+                                        signal="first block residual")[0]))
     for node, name in ((EasyCacheNode, "EasyCache"), (LazyCacheNode, "LazyCache")):
         for threshold in args.easycache:  # start and end percent at the nodes' defaults
             model = node.execute(patcher, threshold, 0.15, 0.95, False).result[0]
@@ -198,8 +229,35 @@ def evaluate_unet(args, pack, run, patcher):
                           for n, row in rows.items()}}, None
 
 
+def evaluate_unet_front(args, pack, run, patcher):
+    """`--front` on the UNet: every setting of `settings()` (uniform intervals, adaptive, DeepCache's auto, core
+    EasyCache and LazyCache) with wall time (median of `--rounds` interleaved rounds after a warm-up), PSNR
+    against full compute at the same seeds and the digit classifier's accuracy. The result, and no chart."""
+    accuracy, real_accuracy = digit_classifier()
+    print(f"== classifier accuracy on held-out real digits: {real_accuracy:.3f}", flush=True)
+    args.intervals = [n for n in args.intervals if n > 1]  # settings() puts full compute first itself
+    cases = settings(pack, patcher, args)
+    generated, _, seconds, _ = run_settings(cases, lambda m: run.generate(m, args.per_class, args), lambda: None,
+                                            rounds=args.rounds)
+    full = cases[0][0]
+    rows = [{"setting": name, "method": method, "knob": knob, "seconds": seconds[name],
+             "speedup": seconds[full] / seconds[name], "psnr_vs_full": psnr(generated[name], generated[full]),
+             "accuracy": accuracy(generated[name])} for name, method, knob, _ in cases]
+    print("", *markdown_table(
+        ["setting", "speedup (wall)", "PSNR vs full (dB)", "classifier accuracy"],
+        [[r["setting"], f"{r['speedup']:.2f}x", "reference" if r["method"] == "full" else (
+            "equal to full" if math.isinf(r["psnr_vs_full"]) else f"{r['psnr_vs_full']:.2f}"),
+          f"{r['accuracy']:.3f}"] for r in rows]),
+        sep="\n")
+    for row in rows:
+        row["psnr_vs_full"] = None if math.isinf(row["psnr_vs_full"]) else row["psnr_vs_full"]
+    return {"images_per_setting": 10 * args.per_class, "steps": args.steps, "cfg": args.cfg, "sampler": args.sampler,
+            "rounds": args.rounds, "classifier_accuracy_real": real_accuracy, "settings": rows}, None
+
+
 def evaluate_flux(args, pack, run, patcher):
-    """Every setting: wall time (median of `--repeats` generations of all the images) and the speedup against
+    """Every setting: wall time (median of `--repeats` generations of all the images in a row, or of `--rounds`
+    interleaved rounds) and the speedup against
     full compute; the share of the blocks' compute skipped and its limit on the speedup, 1 / (1 - share); PSNR
     against full compute at the same seeds; the digit classifier's accuracy. The result, and the chart's title."""
     import torch
@@ -210,7 +268,7 @@ def evaluate_flux(args, pack, run, patcher):
           flush=True)
     work, cases = BlockWork(run.net.double_blocks, run.net.single_blocks), settings(pack, patcher, args)
     generated, works, seconds, _ = run_settings(cases, lambda m: run.generate(m, args.per_class, args),
-                                                work.take, repeats=args.repeats)
+                                                work.take, repeats=args.repeats, rounds=args.rounds)
     work.close()
     full = cases[0][0]
     rows = [with_speed({"setting": name, "method": method, "knob": knob}, seconds[name], seconds[full], works[name],
@@ -232,7 +290,8 @@ def evaluate_flux(args, pack, run, patcher):
         print(f"images: {args.grid} ({', '.join(shown)}, left to right)")
     return ({"model": {"class": "comfy.ldm.flux.model.Flux", "config": run.CONFIG, "parameters": parameters},
              "images_per_setting": 10 * args.per_class, "steps": args.steps, "cfg": args.cfg,
-             "sampler": args.sampler, "scheduler": "simple", "repeats": args.repeats, "depth": args.depth,
+             "sampler": args.sampler, "scheduler": "simple", "repeats": args.repeats,
+             "rounds": args.rounds if not args.repeats else None, "depth": args.depth,
              "adaptive_interval": args.adaptive_interval, "classifier_accuracy_real": real_accuracy,
              "torch_threads": torch.get_num_threads(), "settings": rows},
             f"digits Flux ({parameters / 1e6:.1f} M), {args.steps} steps euler, cfg {args.cfg:g}, "
@@ -339,14 +398,15 @@ def save_strip(path: Path, videos: dict, scale: int = 4) -> None:
 def plot(path: Path, rows: list[dict], title: str) -> None:
     fig, ax = pyplot().subplots(figsize=(7, 4.5))
     markers = {"DeepCache uniform": "o", "DeepCache adaptive": "s", FORECAST: "D", FITTED: "P", "EasyCache": "^",
-               "LazyCache": "v", TAYLOR[1]: "<", TAYLOR[2]: ">"}
+               "LazyCache": "v", TAYLOR[1]: "<", TAYLOR[2]: ">", FBC: "X", FBC_FORECAST: "*", AUTO: "o"}
     for method, marker in markers.items():
         points = [(r["speedup"], r["psnr_vs_full"], r["knob"]) for r in rows
                   if r["method"] == method and r["psnr_vs_full"] is not None]  # None: equal to full compute
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=method)
             for x, y, knob in points:
-                ax.annotate(f"{knob:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+                if knob is not None:  # the auto row has no knob of its own
+                    ax.annotate(f"{knob:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xlabel("speedup against full compute (wall time, this CPU)")
     ax.set_ylabel("PSNR against full compute (dB)")
     ax.set_title(title, fontsize=9)
@@ -384,7 +444,8 @@ def main() -> None:
     else:
         run = family(weights)
         patcher = comfy.model_patcher.ModelPatcher(run.model, torch.device("cpu"), torch.device("cpu"))
-        result, title = (evaluate_unet if family is digits.UNet else evaluate_flux)(args, pack, run, patcher)
+        unet = evaluate_unet_front if args.front else evaluate_unet
+        result, title = (unet if family is digits.UNet else evaluate_flux)(args, pack, run, patcher)
     write_report(family.RESULT, result)
     if args.plot and title:
         plot(args.plot, [r for r in result["settings"] if r["method"] != "full"], title)

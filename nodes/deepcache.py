@@ -34,12 +34,15 @@ class DeepCache:
             "end_percent": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
                                       "tooltip": "Where in the sampling schedule reuse ends (1 = to the last "
                                                  "step); steps after it run in full."}),
-            "schedule": (list(deepcache.SCHEDULES), {
-                "default": "uniform",
-                "tooltip": "uniform: one full step in cache_interval. non-uniform: as many, denser early. adaptive: "
-                           "each step decides from how much the features moved since the last full step "
-                           "(threshold), at most cache_interval - 1 reused steps in a row; runs of 8 steps or "
-                           "fewer are left alone."}),
+            "schedule": ([deepcache.AUTO, *deepcache.SCHEDULES], {
+                "default": deepcache.AUTO,
+                "tooltip": "auto: the settings measured best for the model's kind (UNet: adaptive 0.3, linear "
+                           "forecast; image transformer: adaptive 0.3, first only, fitted forecast; video "
+                           "transformer: the same at 0.5); it sets cache_interval, threshold, forecast, live_blocks and signal, and runs of "
+                           "8 steps or fewer are left alone. uniform: one full step in cache_interval. "
+                           "non-uniform: as many, denser early. adaptive: each step decides from how much the "
+                           "features moved since the last full step (threshold), at most cache_interval - 1 "
+                           "reused steps in a row; runs of 8 steps or fewer are left alone."}),
         }, "optional": {
             "threshold": ("FLOAT", {"default": deepcache.DEFAULT_THRESHOLD, "min": 0.0, "max": 10.0, "step": 0.01,
                                     "tooltip": "adaptive only: a step reuses while the deep part's input changed "
@@ -60,17 +63,23 @@ class DeepCache:
                            "(plus cache_depth more at each end). first only: the first (plus cache_depth more); "
                            "everything after it is reused, so a reused step costs about one block: faster, "
                            "further from full compute (pair it with forecast fitted or linear). UNets: no effect."}),
+            "signal": (list(deepcache.SIGNALS), {
+                "default": "deep input",
+                "tooltip": "adaptive, transformers: what the threshold is compared with. deep input: how far the "
+                           "input of the reused blocks moved since the last full step. first block residual: how "
+                           "far what the first blocks added moved (First Block Cache's rule, thresholds about "
+                           "0.08 to 0.12). UNets: their input latent either way."}),
         }, "hidden": OWNER_INPUTS}
 
     def apply(self, model, cache_interval, cache_depth, start_percent, end_percent, schedule,
-              threshold=deepcache.DEFAULT_THRESHOLD, forecast="off", live_blocks="first and last", unique_id=None,
-              extra_pnginfo=None):
+              threshold=deepcache.DEFAULT_THRESHOLD, forecast="off", live_blocks="first and last",
+              signal="deep input", unique_id=None, extra_pnginfo=None):
         options = dict(cache_interval=cache_interval, cache_depth=cache_depth, start_percent=start_percent,
                        end_percent=end_percent, schedule=schedule, threshold=threshold, forecast=forecast,
-                       live_blocks=live_blocks)
+                       live_blocks=live_blocks, signal=signal)
         config = deepcache.DeepCacheConfig(interval=cache_interval, depth=cache_depth, start_percent=start_percent,
                                            end_percent=end_percent, schedule=schedule, threshold=threshold,
-                                           forecast=forecast, live_blocks=live_blocks,
+                                           forecast=forecast, live_blocks=live_blocks, signal=signal,
                                            owner=status_owner(unique_id, extra_pnginfo))
         patched, depth, message = deepcache.apply(model, config)
         if patched is None:

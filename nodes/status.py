@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..accel import comfy_names, telemetry
+from ..accel import comfy_names, deepcache, telemetry
 from ..accel.compile import status as compile_status
 
 EVENT = "accel.status"
@@ -99,6 +99,10 @@ def deepcache_run_text(event: dict) -> str:
     text = f"reused deep features on {event['reused_steps']} of {event['steps']} steps"
     if skipped is not None:
         text += f", about {100 * skipped:.0f}% of the compute skipped"
+    if event.get("preset"):  # the auto schedule: the preset of the model's kind (accel/deepcache/presets.py)
+        text += f" (auto: the {event['preset']} preset, {event['schedule']} {event['threshold']:g})"
+    if event.get("few_steps"):
+        text += f"; {deepcache.few_steps_text(event['steps'])}"
     for reason, calls in (event.get("ran_full") or {}).items():  # what DeepCache passed through, and why
         text += f"; {calls} call(s) ran in full: {reason}"
     return text + f" (run {event['status']})"

@@ -632,3 +632,30 @@ def test_the_quadratic_forecast_is_exact_on_a_parabola_in_sigma(pack):
     entry_two.previous.previous = None
     line, line_entry = state("linear")
     assert torch.equal(two.reused_feature(entry_two, 7), line.reused_feature(line_entry, 7))
+
+
+def test_the_nodes_default_schedule_is_auto_the_unets_preset(pack, unet):
+    """The node's default schedule, auto, takes the UNet preset (accel/deepcache/presets.py) whatever the node's
+    own interval, threshold and forecast say: its output is the preset's setting given by hand, bit for bit, and
+    its report names the preset. A run of 8 steps or fewer (few-step models) reuses nothing, equals full compute,
+    and its report and status line say so."""
+    preset = pack.accel.deepcache.presets.PRESETS["UNet"]
+    node = pack.nodes.deepcache.DeepCache()
+    schedule = node.INPUT_TYPES()["required"]["schedule"]
+    assert schedule[1]["default"] == "auto" and schedule[0][0] == "auto"
+    auto = node.apply(unet, 2, 1, 0.0, 1.0, "auto", threshold=0.01, forecast="off")[0]
+    by_hand = node.apply(unet, preset.interval, 1, 0.0, 1.0, "adaptive", threshold=preset.threshold,
+                         forecast=preset.forecast)[0]
+    out = sample(auto, size=(8, 8), steps=12, seed=0)
+    report = last_run_report(pack)
+    assert report["preset"] == "UNet" and report["schedule"] == "adaptive", report
+    assert (report["interval"], report["threshold"], report["forecast"]) == (
+        preset.interval, preset.threshold, preset.forecast) and report["reused_steps"] > 0, report
+    assert "auto: the UNet preset" in pack.nodes.status.deepcache_run_text(report)
+    assert torch.equal(out, sample(by_hand, size=(8, 8), steps=12, seed=0))
+    assert last_run_report(pack)["preset"] is None
+    few = sample(auto, size=(8, 8), steps=4, seed=0)
+    report = last_run_report(pack)
+    assert torch.equal(few, sample(unet, size=(8, 8), steps=4, seed=0)), "a 4-step run changed"
+    assert report["few_steps"] and report["reused_steps"] == 0, report
+    assert "under 9: the adaptive schedule reuses nothing on few-step" in pack.nodes.status.deepcache_run_text(report)

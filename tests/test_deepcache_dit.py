@@ -470,3 +470,86 @@ def test_a_call_that_reuses_nothing_frees_the_old_features_before_its_blocks_run
         assert any(entries for entries, _ in held[1:]), f"the forecast's entries were dropped: {held}"
         assert all(before == 0 for _, before in held), f"entries before the kept ones held: {held}"
     assert torch.equal(sample(cached, "wan21"), first)
+
+
+# ---- signal "first block residual": First Block Cache's rule (accel/deepcache/dit_paths.py, HeadBlockPatch) ----
+FIRST_BLOCK = {"live_blocks": "first only", "signal": "first block residual"}
+UNCAPPED = ADAPTIVE_STEPS  # cache_interval: First Block Cache caps no run of reused steps
+# On these seeded random weights the first block's residual moves far more between steps than First Block Cache's
+# 0.08-0.12 on trained models: at 0.8 Flux reuses 4 of 20 steps (12 calls in part) and Wan 16 (span input: 17 both)
+FBC_THRESHOLD = 0.8
+
+
+@pytest.mark.parametrize("name", ("flux", "wan21"))
+def test_first_block_residual_signal_decides_otherwise_and_leaks_nothing(accel_pack, models, name):
+    """The signal "first block residual" (what the first block added to its input) decides other steps than the
+    span's input at the same threshold; threshold 0 changes nothing; run A, then B at another size with cond and
+    uncond split, then A again: bit for bit the same; split equals batched."""
+    model = models[name]
+    eager = run_adaptive(model, name, seed=3)
+    off = with_options(accel_pack, model, UNCAPPED, "adaptive", threshold=0.0, **FIRST_BLOCK)
+    assert torch.equal(run_adaptive(off, name, seed=3), eager), "threshold 0 changed the output"
+    fbc = with_options(accel_pack, model, UNCAPPED, "adaptive", threshold=FBC_THRESHOLD, **FIRST_BLOCK)
+    first = run_adaptive(fbc, name, seed=3)
+    report = last_report(accel_pack)
+    assert report["signal"] == "first block residual" and 0 < report["reused_steps"] < ADAPTIVE_STEPS - 1, report
+    deep = with_options(accel_pack, model, UNCAPPED, "adaptive", threshold=FBC_THRESHOLD, live_blocks="first only")
+    assert not torch.equal(run_adaptive(deep, name, seed=3), first), "the first block's residual decided nothing"
+    assert last_report(accel_pack)["signal"] == "deep input"
+    assert torch.isfinite(first).all()
+    run_adaptive(split_cond_uncond(fbc), name, seed=4, latent_shape=bigger(name))
+    assert torch.equal(run_adaptive(fbc, name, seed=3), first), "run A changed after run B"
+    split = run_adaptive(split_cond_uncond(fbc), name, seed=3)
+    torch.testing.assert_close(split, first, rtol=0, atol=1e-5 * first.abs().max().item(),
+                               msg=lambda m: f"{name}: split cond/uncond differs from batched: {m}")
+
+
+def test_first_block_residual_keeps_another_nodes_first_block_patch_and_refuses_a_later_one(accel_pack, models):
+    """Another node's patch of the first block, put on before DeepCache, still runs (threshold 0: the output is
+    the patched model's alone). Put on after, it replaces the patch that keeps the first block's input: every
+    call runs in full, with the reason in the run's report."""
+    name, model = "wan21", models["wan21"]
+
+    def louder(args, extra):
+        out = extra["original_block"](args)
+        return {**out, "img": out["img"] * 1.05}
+
+    patched = model.clone()
+    patched.set_model_patch_replace(louder, "dit", "double_block", 0)
+    alone = run_adaptive(patched, name)
+    assert not torch.equal(alone, run_adaptive(model, name)), "the patch changed nothing"
+    before = with_options(accel_pack, patched, UNCAPPED, "adaptive", threshold=0.0, **FIRST_BLOCK)
+    assert torch.equal(run_adaptive(before, name), alone)
+    after = with_options(accel_pack, model, UNCAPPED, "adaptive", threshold=FBC_THRESHOLD, **FIRST_BLOCK).clone()
+    after.set_model_patch_replace(louder, "dit", "double_block", 0)
+    assert torch.equal(run_adaptive(after, name), alone)
+    report = last_report(accel_pack)
+    assert report["reused_steps"] == 0, report
+    (reason, calls), = report["ran_full"].items()
+    assert "where DeepCache measures the first block's residual" in reason and "louder" in reason, report
+
+
+def test_first_block_residual_is_the_adaptive_schedules_signal(accel_pack, models):
+    """A fixed schedule measures no signal: the node refuses the combination with the fix, before sampling."""
+    with pytest.raises(ValueError, match="set schedule to adaptive, or signal to deep input"):
+        with_options(accel_pack, models["wan21"], signal="first block residual")
+    with pytest.raises(ValueError, match="signal must be one of"):
+        with_options(accel_pack, models["wan21"], 3, "adaptive", signal="last block")
+
+
+@pytest.mark.parametrize("name, kind", [("flux", "image transformer"), ("wan21", "video transformer")])
+def test_auto_takes_the_preset_of_the_models_kind(accel_pack, models, name, kind):
+    """The default schedule, auto, sets interval, threshold, forecast, live blocks and signal from the kind of
+    transformer (accel/deepcache/presets.py): its output is the preset's setting given by hand, bit for bit, and
+    its report names the kind."""
+    preset = accel_pack.accel.deepcache.presets.PRESETS[kind]
+    model = models[name]
+    auto = with_options(accel_pack, model, 2, "auto", threshold=0.01, forecast="off")
+    out = run_adaptive(auto, name, seed=3)
+    report = last_report(accel_pack)
+    assert report["preset"] == kind and report["schedule"] == "adaptive", report
+    assert (report["interval"], report["threshold"], report["forecast"], report["live_blocks"]) == (
+        preset.interval, preset.threshold, preset.forecast, preset.live_blocks), report
+    by_hand = with_options(accel_pack, model, preset.interval, "adaptive", threshold=preset.threshold,
+                           forecast=preset.forecast, live_blocks=preset.live_blocks, signal=preset.signal)
+    assert torch.equal(run_adaptive(by_hand, name, seed=3), out)

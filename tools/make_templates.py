@@ -46,21 +46,21 @@ class Template:
 TEMPLATES = (
     Template("sd15_text_to_image", "SD1.5 text to image - Compile Model, DeepCache, Compile VAE", "SD1.5",
              "text to image", ("Compile Model", "DeepCache", "Compile VAE"),
-             "ComfyUI's default workflow, accelerated: compiled blocks, deep features reused on two steps of three, "
-             "a compiled VAE decode."),
+             "ComfyUI's default workflow, accelerated: compiled blocks, deep features reused while they barely "
+             "move, a compiled VAE decode."),
     Template("sdxl_text_to_image", "SDXL text to image - Compile Model, DeepCache, Compile VAE", "SDXL 1.0",
              "text to image", ("Compile Model", "DeepCache", "Compile VAE"),
-             "SDXL base at 1024x1024 with compiled blocks, DeepCache every third step and a compiled VAE decode."),
+             "SDXL base at 1024x1024 with compiled blocks, DeepCache's auto schedule and a compiled VAE decode."),
     Template("flux_dev_text_to_image", "Flux.1 dev text to image - Compile Model, DeepCache", "Flux.1 dev",
-             "text to image", ("Compile Model", "DeepCache adaptive"),
-             "Flux dev with compiled transformer blocks; DeepCache reuses the middle blocks only while the "
-             "features barely move."),
+             "text to image", ("Compile Model", "DeepCache"),
+             "Flux dev with compiled transformer blocks; DeepCache (auto) reuses the blocks after the first only "
+             "while the features barely move."),
     Template("wan21_text_to_video", "Wan 2.1 text to video 1.3B - Compile Model, DeepCache", "Wan 2.1 1.3B",
-             "text to video", ("Compile Model", "DeepCache adaptive"),
-             "A 33-frame 832x480 clip with compiled blocks and adaptive DeepCache, saved as a video."),
+             "text to video", ("Compile Model", "DeepCache"),
+             "A 33-frame 832x480 clip with compiled blocks and DeepCache's auto schedule, saved as a video."),
     Template("qwen_image_text_to_image", "Qwen-Image text to image - Compile Model, DeepCache", "Qwen-Image",
-             "text to image", ("Compile Model", "DeepCache adaptive"),
-             "Qwen-Image's 20-step workflow with compiled blocks and adaptive DeepCache."),
+             "text to image", ("Compile Model", "DeepCache"),
+             "Qwen-Image's 20-step workflow with compiled blocks and DeepCache's auto schedule."),
     Template("qwen_image_lightning_lora", "Qwen-Image Lightning LoRA 8 steps - LoRA under Compile Model",
              "Qwen-Image", "8 steps with a LoRA", ("LoRA", "Compile Model"),
              "The Lightning LoRA under Compile Model: weights are graph inputs, so a LoRA or its strength "

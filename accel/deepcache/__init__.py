@@ -7,13 +7,16 @@
   reused ones, through ComfyUI's per-block replace patches.
 - `adaptive`: adaptive mode's signal and rule, decided per step and cond chunk.
 - `config`: what the node asked for, validated.
+- `presets`: the auto schedule's settings for each kind of model (UNet, image and video transformer).
 - `run_state`: one sampling run's state, and the one decision per model call both paths act on.
 - `runtime`: the wrappers (OUTER_SAMPLE, and the UNet's and the transformer's per-call ones) and `apply()`.
 """
 from .adaptive import DEFAULT_THRESHOLD
-from .config import FORECASTS, LIVE_BLOCKS, DeepCacheConfig
-from .run_state import FEATURE
+from .config import FORECASTS, LIVE_BLOCKS, SIGNALS, DeepCacheConfig
+from .presets import AUTO
+from .run_state import FEATURE, few_steps_text
 from .runtime import apply
 from .schedule import SCHEDULES
 
-__all__ = ["DEFAULT_THRESHOLD", "FEATURE", "FORECASTS", "LIVE_BLOCKS", "DeepCacheConfig", "SCHEDULES", "apply"]
+__all__ = ["AUTO", "DEFAULT_THRESHOLD", "FEATURE", "FORECASTS", "LIVE_BLOCKS", "DeepCacheConfig", "SCHEDULES",
+           "SIGNALS", "apply", "few_steps_text"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .adaptive import DEFAULT_THRESHOLD, AdaptivePolicy
+from .presets import AUTO
 from .schedule import ADAPTIVE, ADAPTIVE_MIN_STEPS, SCHEDULES
 
 # What a reused step adds for the skipped work: the feature of the last full step as it is ("off", DeepCache's
@@ -18,6 +19,13 @@ FORECASTS = ("off", "linear", "fitted", "quadratic")
 # refines the reused residual); "first only": everything after the first block(s) is reused, as First Block Cache
 # does, so a reused step costs one block. UNets keep their own split (cache_depth's skip branch).
 LIVE_BLOCKS = ("first and last", "first only")
+# Adaptive mode's signal on a transformer (adaptive.py): "deep input", the input of the skipped span (the live
+# first blocks' output); "first block residual", what the live first blocks added to their input (their output
+# minus their input), First Block Cache's signal: it leaves out the part of the tokens the blocks pass through,
+# so it moves more from step to step and its thresholds are smaller (its users run 0.07 to 0.12). UNets keep
+# their input latent.
+SIGNALS = ("deep input", "first block residual")
+FIRST_BLOCK_RESIDUAL = "first block residual"
 
 
 @dataclass(frozen=True)
@@ -30,7 +38,9 @@ class DeepCacheConfig:
     threshold: float = DEFAULT_THRESHOLD  # adaptive only: the change of the signal under which a step reuses
     forecast: str = "off"
     live_blocks: str = "first and last"  # transformers only
+    signal: str = "deep input"  # adaptive, transformers only
     owner: str | None = None  # who applied it (the web UI's node id), named in its run reports; changes nothing
+    preset: str | None = None  # the kind of model whose preset the auto schedule took (presets.resolve)
 
     def __post_init__(self):
         if self.interval < 1:
@@ -40,15 +50,20 @@ class DeepCacheConfig:
         for name in ("start_percent", "end_percent"):
             if not 0.0 <= getattr(self, name) <= 1.0:  # NaN too, which a prompt's JSON may carry
                 raise ValueError(f"{name} must be between 0 and 1, not {getattr(self, name)}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}")
+        if self.schedule not in (AUTO, *SCHEDULES):
+            raise ValueError(f"schedule must be one of {(AUTO, *SCHEDULES)}, not {self.schedule!r}")
         if self.forecast not in FORECASTS:
             raise ValueError(f"forecast must be one of {FORECASTS}, not {self.forecast!r}")
-        if self.forecast == "fitted" and self.schedule != ADAPTIVE:
+        if self.forecast == "fitted" and self.schedule not in (ADAPTIVE, AUTO):  # auto sets its own forecast
             raise ValueError(f'forecast "fitted" follows the adaptive schedule\'s signal, which the {self.schedule} '
                              'schedule does not measure: set schedule to adaptive, or forecast to linear')
         if self.live_blocks not in LIVE_BLOCKS:
             raise ValueError(f"live_blocks must be one of {LIVE_BLOCKS}, not {self.live_blocks!r}")
+        if self.signal not in SIGNALS:
+            raise ValueError(f"signal must be one of {SIGNALS}, not {self.signal!r}")
+        if self.signal != SIGNALS[0] and self.schedule not in (ADAPTIVE, AUTO):
+            raise ValueError(f'signal "{self.signal}" is what the adaptive schedule measures, which the '
+                             f'{self.schedule} schedule does not: set schedule to adaptive, or signal to deep input')
         self.policy()  # a bad threshold fails here, when the node runs, not in the middle of sampling
 
     def policy(self) -> AdaptivePolicy:
@@ -61,7 +76,11 @@ def schedule_text(config: DeepCacheConfig) -> str:
                 "quadratic": ", features forecast from the last three full steps (second order)",
                 "fitted": ", features forecast from the last two full steps as far as the signal moved"}.get(
         config.forecast, "")
+    if config.preset is not None:
+        forecast += (f" (auto: the {config.preset} preset, which sets the interval, threshold, forecast, live "
+                     "blocks and signal)")
     if config.schedule == ADAPTIVE:
-        return (f"adaptive schedule (threshold {config.threshold:g}, at most {config.interval - 1} reused steps in "
-                f"a row, runs under {ADAPTIVE_MIN_STEPS} steps left alone){forecast}")
+        signal = ", signal: the first blocks' residual" if config.signal == FIRST_BLOCK_RESIDUAL else ""
+        return (f"adaptive schedule (threshold {config.threshold:g}{signal}, at most {config.interval - 1} reused "
+                f"steps in a row, runs under {ADAPTIVE_MIN_STEPS} steps left alone){forecast}")
     return f"{config.schedule} schedule{forecast}"

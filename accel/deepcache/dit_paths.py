@@ -15,8 +15,10 @@ nothing may live in the patch objects):
 - reused call: the span's first block returns its inputs plus the residual, the other blocks of the span return
   their inputs: no block of the span runs;
 - adaptive call (adaptive.py): the first span's first block measures its input, the signal, and decides per cond
-  chunk; if every chunk reuses the call is a reused call, else its spans run and capture, and each span's output
-  of the chunks that reuse is replaced by their input plus their residual (what those chunks get alone);
+  chunk (with signal "first block residual", that input minus the first block's input, which a `HeadBlockPatch`
+  on the first block keeps a copy of); if every chunk reuses the call is a reused call, else its spans run and
+  capture, and each span's output of the chunks that reuse is replaced by their input plus their residual (what
+  those chunks get alone);
 - any other call, or a block whose inputs do not match the residual's shapes: the original block runs.
 
 A span never crosses from one block list to the next (Flux joins its image and text tokens between its double
@@ -119,6 +121,19 @@ class SpanCall:
     pending: Callable | None = None
     # adaptive: called once if no chunk reuses, before the blocks run: the run frees what only a reuse would read
     on_all_run: Callable | None = None
+    wants_head: bool = False  # signal "first block residual": the first block keeps a copy of its input
+    head_input: torch.Tensor | None = None  # that copy (image tokens)
+
+    def signal_of(self, args: dict) -> torch.Tensor | None:
+        """The adaptive signal at the first span's first block, from its arguments: its image tokens, or with
+        signal "first block residual" what the live blocks before it added to them (None where the first block
+        kept no input of that shape: the call then reuses nothing)."""
+        x = args.get(DIT_STREAMS[0])
+        if not self.wants_head:
+            return x
+        if x is None or self.head_input is None or self.head_input.shape != x.shape:
+            return None
+        return x - self.head_input
 
     def reuses(self, span_index: int) -> bool:
         """Whether the span is served from its cached residual in this call (asked at its first block)."""
@@ -182,12 +197,13 @@ class SpanBlockPatch:
         if call is None:
             return original(args)
         first, last = self.block == span.first, self.block == span.last
-        if first and call.adaptive is not None:
-            reuse = call.adaptive.decide(args.get(DIT_STREAMS[0]))  # at the first span's first block; later spans follow it
+        if first and call.adaptive is not None and call.adaptive.reuse is None:
+            signal = call.signal_of(args)  # at the first span's first block; later spans follow its decision
+            reuse = call.adaptive.decide(signal)
             if call.pending is not None:
                 pending, call.pending = call.pending, None
                 if any(reuse):
-                    call.residuals = pending(args.get(DIT_STREAMS[0]))
+                    call.residuals = pending(signal)
             if call.on_all_run is not None and not any(reuse):
                 on_all_run, call.on_all_run = call.on_all_run, None
                 on_all_run()
@@ -207,7 +223,8 @@ class SpanBlockPatch:
             call.starts[span.index] = {k: v.clone() for k, v in args.items()
                                        if isinstance(v, torch.Tensor) and k in DIT_STREAMS}
             if call.signal is None and DIT_STREAMS[0] in call.starts[span.index]:
-                call.signal = call.starts[span.index][DIT_STREAMS[0]]
+                call.signal = call.signal_of(call.starts[span.index])  # from the copy: blocks add in place
+                call.head_input = None  # read: no longer held through the blocks
         out = original(args)
         call.ran_spans.add(span.index)
         if call.capture and last and span.index in call.starts:
@@ -219,6 +236,28 @@ class SpanBlockPatch:
                 if call.adaptive is not None and call.adaptive.mixed and span.index in call.residuals:
                     out = splice_reused_chunks(out, start, call.residuals[span.index], call.adaptive.reuse)
         return out
+
+
+class HeadBlockPatch:
+    """The replace patch of the first block, for signal "first block residual": in a call that asks for it
+    (SpanCall.wants_head) it keeps a copy of the block's image tokens before the block runs (blocks add into
+    their inputs in place). Everything else runs as the block does, with another node's patch of it."""
+
+    def __init__(self, other=None):
+        self.other = other
+
+    def __call__(self, args: dict, extra: dict) -> dict:
+        call = (args.get("transformer_options") or {}).get(CALL_KEY)
+        if call is not None and call.wants_head and isinstance(args.get(DIT_STREAMS[0]), torch.Tensor):
+            call.head_input = args[DIT_STREAMS[0]].clone()
+        if self.other is not None:
+            return self.other(args, extra)
+        return extra["original_block"](args)
+
+
+def head_key(diffusion_model) -> tuple[str, int]:
+    """The replace key of the model's first block (its first list's)."""
+    return block_lists(diffusion_model)[0][1], 0
 
 
 def splice_reused_chunks(out: dict, start: dict, residual: dict, reuse: tuple) -> dict:

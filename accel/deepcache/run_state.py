@@ -20,7 +20,7 @@ from .. import telemetry
 from . import unet_paths
 from .adaptive import AdaptiveCall, progress_along
 from .config import DeepCacheConfig
-from .schedule import StepPlan, make_plan
+from .schedule import ADAPTIVE_MIN_STEPS, StepPlan, make_plan
 
 log = logging.getLogger("comfyui_accel")
 
@@ -286,15 +286,15 @@ class RunState:
             "status": status, "steps": self.plan.steps, "planned_shallow_steps": self.plan.shallow_steps,
             "reused_steps": len(self.reused_steps), "full_calls": self.full_calls,
             "shallow_calls": self.shallow_calls, "fallback_calls": self.fallback_calls,
-            "partial_calls": self.partial_calls, "ran_full": dict(self.ran_full),
-            "shallow_share": shallow_share,
+            "partial_calls": self.partial_calls, "ran_full": dict(self.ran_full), "shallow_share": shallow_share,
             "compute_skipped": round(self.skipped_flops / self.flops, 4) if self.flops else None,
             "estimate": estimate,
             "interval": self.config.interval, "depth": self.depth, "schedule": self.config.schedule,
-            "threshold": self.config.threshold if self.plan.adaptive else None,
-            "forecast": self.config.forecast,
+            "threshold": self.config.threshold if self.plan.adaptive else None, "forecast": self.config.forecast,
             "live_blocks": None if self.dit_skipped_share is None else self.config.live_blocks,  # transformers only
-            "node": self.config.owner,
+            "signal": self.config.signal if self.plan.adaptive and self.dit_skipped_share is not None else None,
+            "few_steps": self.plan.adaptive and self.plan.steps < ADAPTIVE_MIN_STEPS,  # left alone: all ran full
+            "preset": self.config.preset, "node": self.config.owner,
         }
 
 
@@ -340,6 +340,13 @@ def report_run(report: dict) -> None:
              + (f", {report['partial_calls']} with only some cond chunks reused" if report["partial_calls"] else ""),
              f"about {100 * skipped:.0f}%" if skipped is not None else "an unknown share",
              f"{100 * share:.1f}%" if share is not None else "unknown", report["status"])
+    if report["few_steps"]:
+        log.info("[Accel] DeepCache: %s.", few_steps_text(report["steps"]))
     for reason, calls in report["ran_full"].items():  # a combination DeepCache passes through: said each run
         log.warning("[Accel] DeepCache%s: %d model call(s) it would have reused ran in full: %s.",
                     f" (node {report['node']})" if report["node"] else "", calls, reason)
+
+
+def few_steps_text(steps: int) -> str:
+    return (f"a run of {steps} steps, under {ADAPTIVE_MIN_STEPS}: the adaptive schedule reuses nothing on few-step "
+            "(distilled) models, every step ran in full")

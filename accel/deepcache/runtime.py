@@ -28,8 +28,8 @@ import torch
 
 from .. import comfy_names, dynamic_vram
 from ..families import DIT_BLOCK_LISTS
-from . import dit_paths, unet_paths
-from .config import DeepCacheConfig, schedule_text
+from . import dit_paths, presets, unet_paths
+from .config import FIRST_BLOCK_RESIDUAL, DeepCacheConfig, schedule_text
 from .run_state import FEATURE, RUN_KEY, ModelCall, RunState, report_run, start_run
 
 WRAPPER_KEY = "accel_deepcache"
@@ -162,9 +162,10 @@ class DiTApplyModelWrapper:
     residuals, reuse them, or stay out of the way, as the run decided, and keeps what a full call captured. The
     patches read it from the call's own transformer_options (dit_paths.CALL_KEY)."""
 
-    def __init__(self, span_blocks: frozenset = frozenset()):
+    def __init__(self, span_blocks: frozenset = frozenset(), head: tuple | None = None):
         self.span_blocks = span_blocks  # the ("double_block" | "single_block", i) keys of the spans' patches
         self.span_order = tuple(sorted(span_blocks, key=str))  # refusal's walk, sorted once: it runs every call
+        self.head = head  # signal "first block residual": the first block's key, where its HeadBlockPatch is
 
     def refusal(self, args: tuple, kwargs: dict, transformer_options: dict) -> str | None:
         """Why this call may not reuse a span's residual, whatever the plan (it then runs in full and the run's
@@ -186,6 +187,10 @@ class DiTApplyModelWrapper:
             if not isinstance(patch, dit_paths.SpanBlockPatch):
                 return (f"another node replaced the patch of {key[0]} {key[1]}, which DeepCache would skip, "
                         f"after DeepCache was applied ({origin_of(patch)})")
+        if self.head is not None and not isinstance(dit.get(self.head), dit_paths.HeadBlockPatch):
+            # the signal "first block residual" needs the first block's input, which its patch keeps
+            return (f"another node replaced the patch of {self.head[0]} {self.head[1]}, where DeepCache measures "
+                    f"the first block's residual, after DeepCache was applied ({origin_of(dit.get(self.head))})")
         return None
 
     def __call__(self, executor, *args, **kwargs):
@@ -209,6 +214,8 @@ class DiTApplyModelWrapper:
         if not call.residuals or call.adaptive is not None:
             call.capture = decided.keeps_features or (call.adaptive is not None and bool(decided.keys)
                                                       and decided.step is not None)
+        # signal "first block residual": a call that decides from it, or keeps it as the next steps' reference
+        call.wants_head = self.head is not None and (call.adaptive is not None or (call.capture and run.plan.adaptive))
         # What only a reuse reads is freed before the blocks of a call that reuses nothing, so the old features
         # do not add to the blocks' peak memory (at video sizes a feature is hundreds of MB on the GPU).
         if decided.entries is None:
@@ -266,7 +273,9 @@ def apply(model_patcher, config: DeepCacheConfig):
     renamed = _missing_names(model_patcher)
     if renamed:
         return None, None, renamed
-    if dit_paths.is_dit(diffusion_model):
+    transformer = dit_paths.is_dit(diffusion_model)
+    config = presets.resolve(config, presets.model_kind(diffusion_model, transformer))
+    if transformer:
         clone, depth, message = _apply_dit(model_patcher, diffusion_model, config)
     elif not unet_paths.is_unet(diffusion_model):
         renamed = dit_paths.missing_lists(diffusion_model)
@@ -330,7 +339,9 @@ def _apply_dit(model_patcher, diffusion_model, config: DeepCacheConfig):
     import comfy.patcher_extension as pe
 
     share = dit_paths.skipped_share(diffusion_model, spans)
-    inner = DiTApplyModelWrapper(frozenset((span.patch_name, block) for span in spans for block in span.blocks()))
+    head = dit_paths.head_key(diffusion_model) if config.signal == FIRST_BLOCK_RESIDUAL else None
+    inner = DiTApplyModelWrapper(frozenset((span.patch_name, block) for span in spans for block in span.blocks()),
+                                 head)
     # APPLY_MODEL, not DIFFUSION_MODEL: every family's model call goes through it (SD3's MMDiT has no
     # DIFFUSION_MODEL wrapper in ComfyUI 0.3.75), and its arguments carry the call's transformer_options.
     clone = _with_wrappers(model_patcher, OuterSampleWrapper(config, config.depth, share), inner,
@@ -342,6 +353,8 @@ def _apply_dit(model_patcher, diffusion_model, config: DeepCacheConfig):
             other = existing.get((span.patch_name, block))  # another node's patch of this block keeps working
             clone.set_model_patch_replace(dit_paths.SpanBlockPatch(span, block, other), "dit",
                                           span.patch_name, block)
+    if head is not None:  # the first block is live (never in a span): its patch only keeps a copy of its input
+        clone.set_model_patch_replace(dit_paths.HeadBlockPatch(existing.get(head)), "dit", *head)
     skipped = ", ".join(f"{s.patch_name}s {s.first}-{s.last}" for s in spans)
     message = (f"{name}: interval {config.interval}, reused steps skip {skipped} (about "
                f"{100 * (share or 0):.0f}% of a call), {schedule_text(config)}")
@@ -357,7 +370,7 @@ def _remove_span_patches(clone) -> None:
     they read the new call's decision by span index: blocks meant to run skipped, a residual added twice."""
     dit = clone.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
     for key, patch in list(dit.items()):
-        if isinstance(patch, dit_paths.SpanBlockPatch):
+        if isinstance(patch, (dit_paths.SpanBlockPatch, dit_paths.HeadBlockPatch)):
             if patch.other is None:
                 del dit[key]
             else:
@@ -372,6 +385,8 @@ def _apply_unet(model_patcher, diffusion_model, config: DeepCacheConfig):
     message = f"interval {config.interval}, branch {depth} of 0..{branches - 1}, {schedule_text(config)}"
     if config.live_blocks != "first and last":
         message += f" (live blocks {config.live_blocks!r} is for transformers: a UNet keeps its skip branch live)"
+    if config.signal == FIRST_BLOCK_RESIDUAL:
+        message += " (signal first block residual is for transformers: a UNet's adaptive signal is its input latent)"
     if depth != config.depth:
         message += f" (cache depth {config.depth} is beyond this UNet's deepest branch {branches - 1})"
     if config.start_percent >= config.end_percent and config.interval > 1:
