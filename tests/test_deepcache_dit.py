@@ -129,6 +129,12 @@ def test_dit_deepcache_leaks_nothing_between_runs(accel_pack, models, name):
     assert torch.equal(run(model, name, seed=3), first), "run A changed after run B"
 
 
+def louder(args, extra):
+    """Another node's replace patch of a block (PuLID-style): the block's image tokens, 5 % louder."""
+    out = extra["original_block"](args)
+    return {**out, "img": out["img"] * 1.05}
+
+
 def test_another_nodes_block_patch_keeps_working_under_deepcache(accel_pack, models):
     """A PuLID-style replace patch on a block of DeepCache's span still runs on full steps (DeepCache chains
     it instead of replacing it): with interval 1 the output equals the patched model's alone. Put on after
@@ -136,10 +142,6 @@ def test_another_nodes_block_patch_keeps_working_under_deepcache(accel_pack, mod
     residual, which holds its work already (before, the output was off by as much as DeepCache's own error), so
     every call runs in full and the output equals the patched model's alone."""
     name, model = "wan21", models["wan21"]
-
-    def louder(args, extra):
-        out = extra["original_block"](args)
-        return {**out, "img": out["img"] * 1.05}
 
     patched = model.clone()
     patched.set_model_patch_replace(louder, "dit", "double_block", 1)
@@ -509,10 +511,6 @@ def test_first_block_residual_keeps_another_nodes_first_block_patch_and_refuses_
     the patched model's alone). Put on after, it replaces the patch that keeps the first block's input: every
     call runs in full, with the reason in the run's report."""
     name, model = "wan21", models["wan21"]
-
-    def louder(args, extra):
-        out = extra["original_block"](args)
-        return {**out, "img": out["img"] * 1.05}
 
     patched = model.clone()
     patched.set_model_patch_replace(louder, "dit", "double_block", 0)
